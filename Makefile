@@ -1,0 +1,31 @@
+# Set-up is two commands: `make demo` and `make test`. Both create .venv on first use
+# and install the project with its extras under constraints.txt (the tested versions).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# Tests and the demo see 8 fake CPU devices, so sharded code paths run everywhere.
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+
+.PHONY: demo test venv bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/jaxshare demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench]"
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,307 @@
+"""``AliasMap``: which paths of a tree are aliases of which canonical path.
+
+The direction is DeepSpeed's ``shared_params``: the key is the path that is not
+stored (the alias), the value the path that is (the canonical). An alias may
+carry an axis permutation, for ties across a layout change (PyTorch
+``lm_head.weight`` tied to ``wte.weight`` is Flax ``lm_head/kernel ==
+wte/embedding.T``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+__all__ = ["AliasMap", "FORMAT", "VERSION", "MAX_JSON_BYTES"]
+
+FORMAT = "jaxshare.alias_map"
+VERSION = 1
+#: ``from_json`` refuses larger input; a real alias map is a few kilobytes.
+MAX_JSON_BYTES = 16 * 2**20
+
+Perm = tuple[int, ...]
+
+
+def _check_path(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str path, got {type(value).__name__}: {value!r}")
+    if not value or value.startswith("/") or value.endswith("/") or "//" in value:
+        raise ValueError(
+            f"{what} {value!r} is not a path: expected non-empty '/'-joined keys "
+            "such as 'params/wte/embedding'."
+        )
+    return value
+
+
+def _check_perm(value: Any, alias: str) -> Perm | None:
+    """Validates one axis permutation; the identity is normalised to ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"transform of alias {alias!r} must be a sequence of axis indices, "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    perm = tuple(value)
+    if any(type(i) is not int for i in perm) or sorted(perm) != list(range(len(perm))):
+        raise ValueError(
+            f"transform of alias {alias!r} must be a permutation of 0..n-1 (as for "
+            f"`jnp.transpose`), got {list(value)!r}."
+        )
+    return None if perm == tuple(range(len(perm))) else perm
+
+
+def compose(outer: Perm | None, inner: Perm | None, where: str = "") -> Perm | None:
+    """The permutation of ``transpose(transpose(x, inner), outer)`` as one transpose.
+
+    >>> compose((1, 0), (1, 0)) is None
+    True
+    """
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    if len(outer) != len(inner):
+        raise ValueError(
+            f"cannot compose transforms {list(outer)} and {list(inner)}{where}: they "
+            "permute a different number of axes."
+        )
+    perm = tuple(inner[i] for i in outer)
+    return None if perm == tuple(range(len(perm))) else perm
+
+
+class AliasMap(Mapping[str, str]):
+    """An immutable map from alias path to canonical path.
+
+    Invariants, checked on construction: no alias is its own canonical, no
+    cycles, and no alias is also a canonical -- a chain ``a -> b -> c`` is
+    collapsed to ``a -> c, b -> c`` (composing transforms). Iteration is in
+    sorted order, so output built from an ``AliasMap`` is deterministic.
+
+    Args:
+      aliases: ``{alias: canonical}`` (a mapping or ``(alias, canonical)`` pairs),
+        e.g. DeepSpeed's ``shared_params`` with ``'/'`` paths.
+      transforms: ``{alias: permutation}``: the alias holds
+        ``jnp.transpose(canonical, permutation)``. Aliases not named here are
+        identical to their canonical.
+
+    Raises:
+      TypeError, ValueError: a path or permutation is malformed, or the map has a
+        self-alias or a cycle; the message names the paths.
+
+    >>> m = AliasMap({"lm_head/kernel": "wte/embedding", "b": "a"},
+    ...              transforms={"lm_head/kernel": (1, 0)})
+    >>> m["b"], m.transform("lm_head/kernel"), m.transform("b")
+    ('a', (1, 0), None)
+    >>> m.groups()
+    {'a': ('b',), 'wte/embedding': ('lm_head/kernel',)}
+    >>> AliasMap({"c": "b", "b": "a"})  # chains collapse
+    AliasMap({'b': 'a', 'c': 'a'})
+    """
+
+    __slots__ = ("_aliases", "_transforms", "_hash")
+
+    def __init__(
+        self,
+        aliases: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+        /,
+        *,
+        transforms: Mapping[str, Sequence[int] | None] | None = None,
+    ) -> None:
+        raw: dict[str, str] = {}
+        items = aliases.items() if isinstance(aliases, Mapping) else aliases
+        for item in items:
+            alias, canonical = item
+            alias = _check_path(alias, "alias")
+            raw[alias] = _check_path(canonical, f"canonical of alias {alias!r}")
+            if alias == canonical:
+                raise ValueError(f"alias {alias!r} names itself as its canonical path.")
+        perms: dict[str, Perm | None] = {}
+        for alias, perm in (transforms or {}).items():
+            if alias not in raw:
+                raise ValueError(
+                    f"`transforms` names {alias!r}, which is not an alias in this map."
+                )
+            perms[alias] = _check_perm(perm, alias)
+
+        resolved: dict[str, str] = {}
+        resolved_perms: dict[str, Perm] = {}
+        for alias in sorted(raw):
+            chain = [alias]
+            target, perm = raw[alias], perms.get(alias)
+            while target in raw:
+                if target in chain:
+                    cycle = " -> ".join([*chain[chain.index(target) :], target])
+                    raise ValueError(f"alias map has a cycle: {cycle}.")
+                chain.append(target)
+                perm = compose(perm, perms.get(target), f" along {' -> '.join(chain)}")
+                target = raw[target]
+            resolved[alias] = target
+            if perm is not None:
+                resolved_perms[alias] = perm
+        self._aliases = resolved
+        self._transforms = resolved_perms
+        self._hash: int | None = None
+
+    # -- Mapping --------------------------------------------------------------
+    def __getitem__(self, alias: str) -> str:
+        return self._aliases[alias]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._aliases)
+
+    def __len__(self) -> int:
+        return len(self._aliases)
+
+    def __contains__(self, alias: object) -> bool:
+        return alias in self._aliases
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, AliasMap):
+            return self._aliases == other._aliases and self._transforms == other._transforms
+        if isinstance(other, Mapping):
+            return not self._transforms and self._aliases == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(
+                (frozenset(self._aliases.items()), frozenset(self._transforms.items()))
+            )
+        return self._hash
+
+    def __repr__(self) -> str:
+        extra = f", transforms={self._transforms!r}" if self._transforms else ""
+        return f"AliasMap({self._aliases!r}{extra})"
+
+    # -- queries --------------------------------------------------------------
+    def transform(self, alias: str) -> Perm | None:
+        """The axis permutation ``alias`` holds of its canonical, ``None`` for identity.
+
+        Raises:
+          KeyError: ``alias`` is not an alias in this map.
+        """
+        if alias not in self._aliases:
+            raise KeyError(f"{alias!r} is not an alias in this map.")
+        return self._transforms.get(alias)
+
+    @property
+    def transforms(self) -> Mapping[str, Perm]:
+        """``{alias: permutation}`` for the aliases that are not identical."""
+        return dict(self._transforms)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """``{canonical: (alias, ...)}``, canonicals and aliases sorted."""
+        out: dict[str, list[str]] = {}
+        for alias, canonical in self._aliases.items():
+            out.setdefault(canonical, []).append(alias)
+        return {c: tuple(sorted(a)) for c, a in sorted(out.items())}
+
+    def rename(self, fn: Any) -> AliasMap:
+        """A new map with every path (alias and canonical) passed through ``fn``.
+
+        >>> AliasMap({"a/x": "b/x"}).rename(lambda p: "params/" + p)
+        AliasMap({'params/a/x': 'params/b/x'})
+        """
+        return AliasMap(
+            {fn(a): fn(c) for a, c in self._aliases.items()},
+            transforms={fn(a): p for a, p in self._transforms.items()},
+        )
+
+    # -- JSON -----------------------------------------------------------------
+    def to_json(self, *, indent: int | None = None) -> str:
+        """Serialises to the versioned JSON format (keys sorted).
+
+        >>> AliasMap({"b": "a"}).to_json()
+        '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"b": "a"}}'
+        """
+        entries: dict[str, Any] = {}
+        for alias in sorted(self._aliases):
+            target = self._aliases[alias]
+            perm = self._transforms.get(alias)
+            entries[alias] = target if perm is None else {"target": target, "permute": list(perm)}
+        doc = {"format": FORMAT, "version": VERSION, "aliases": entries}
+        return json.dumps(doc, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, /, *, max_bytes: int = MAX_JSON_BYTES) -> AliasMap:
+        """Parses the JSON written by :meth:`to_json`, strictly.
+
+        Raises:
+          ValueError: input over ``max_bytes``, not JSON, duplicate keys, unknown
+            format or version, unexpected fields or types, or an invalid map.
+            Nothing is returned half-loaded.
+
+        >>> AliasMap.from_json('{"format": "jaxshare.alias_map", "version": 1, '
+        ...                    '"aliases": {"k": {"target": "e", "permute": [1, 0]}}}')
+        AliasMap({'k': 'e'}, transforms={'k': (1, 0)})
+        """
+        size = len(text.encode() if isinstance(text, str) else text)
+        if size > max_bytes:
+            raise ValueError(
+                f"alias map JSON is {size} bytes, over the limit of {max_bytes}; "
+                "pass a larger `max_bytes` if this file is trusted."
+            )
+        try:
+            doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"alias map is not valid JSON: {e}") from e
+        except _DuplicateKey as e:
+            raise ValueError(f"alias map JSON repeats the key {e.args[0]!r}.") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"alias map JSON must be an object, got {type(doc).__name__}.")
+        if doc.get("format") != FORMAT:
+            raise ValueError(
+                f"alias map JSON has format {doc.get('format')!r}, expected {FORMAT!r}."
+            )
+        version = doc.get("version")
+        if type(version) is not int or version != VERSION:
+            raise ValueError(
+                f"alias map JSON has version {version!r}; this jaxshare reads version "
+                f"{VERSION}. Upgrade jaxshare to read newer files."
+            )
+        if set(doc) != {"format", "version", "aliases"}:
+            extra = sorted(set(doc) - {"format", "version", "aliases"})
+            raise ValueError(f"alias map JSON has unexpected fields {extra}.")
+        entries = doc["aliases"]
+        if not isinstance(entries, dict):
+            raise ValueError(
+                f"alias map JSON field 'aliases' must be an object, got {type(entries).__name__}."
+            )
+        aliases: dict[str, str] = {}
+        transforms: dict[str, Any] = {}
+        for alias, entry in entries.items():
+            if isinstance(entry, dict):
+                if set(entry) != {"target", "permute"}:
+                    raise ValueError(
+                        f"alias {alias!r}: an entry object must have exactly the fields "
+                        f"'target' and 'permute', got {sorted(entry)}."
+                    )
+                if not isinstance(entry["permute"], list):
+                    raise ValueError(
+                        f"alias {alias!r}: 'permute' must be a list of ints, got "
+                        f"{entry['permute']!r}."
+                    )
+                aliases[alias], transforms[alias] = entry["target"], entry["permute"]
+            else:
+                aliases[alias] = entry
+        try:
+            return cls(aliases, transforms=transforms)
+        except TypeError as e:
+            raise ValueError(f"alias map JSON is invalid: {e}") from None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
