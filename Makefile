@@ -23,9 +23,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
 
-bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench]"
-	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+# Benchmarks compare against peers (transformers, deepspeed, accelerate) that live in
+# their own venv, so they never change the tested set in .venv.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed-stamp: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
+	DS_BUILD_OPS=0 $(BENCH_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench]"
+	touch $@
+
+bench: $(BENCH_VENV)/.installed-stamp
+	for b in benchmarks/*.py; do $(BENCH_VENV)/bin/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -34,9 +34,20 @@ def as_alias_map(alias_map: Mapping[str, str] | None, name: str = "alias_map") -
 
 
 def apply_transform(x: Any, perm: Perm | None, alias: str = "?") -> Any:
-    """``x`` as the alias holds it: itself, or ``transpose(x, perm)``."""
+    """``x`` as the alias holds it: itself, or ``transpose(x, perm)``.
+
+    A ``jax.ShapeDtypeStruct`` (a restore target) is permuted abstractly; its
+    sharding is dropped, as it does not carry over to the transposed layout.
+    """
     if perm is None:
         return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        if len(x.shape) != len(perm):
+            raise ValueError(
+                f"alias {alias!r} has transform {list(perm)} for {len(perm)} axes, but its "
+                f"canonical has shape {tuple(x.shape)}."
+            )
+        return jax.ShapeDtypeStruct(tuple(x.shape[i] for i in perm), x.dtype)
     if _nnx.is_variable(x) or not is_array(x):
         raise TypeError(
             f"alias {alias!r} has transform {list(perm)}, which applies to arrays; "
@@ -94,7 +105,8 @@ def dedupe(
     Raises:
       ValueError: a canonical path is missing; an alias in a list, tuple or
         dataclass does not exist; an alias that is not its canonical's very
-        object differs from it in shape, dtype or value (the tie was broken,
+        object differs from it in shape, dtype or value (for
+        ``jax.ShapeDtypeStruct`` leaves, in shape or dtype) (the tie was broken,
         e.g. by ``jax.jit`` returning copies that were updated separately).
         Every problem is listed in one error.
 
@@ -141,7 +153,8 @@ def _mismatch(alias: Any, canonical: Any, perm: Perm | None) -> str | None:
     a, c = _nnx.variable_value(alias), _nnx.variable_value(canonical)
     if a is c and perm is None:
         return None
-    if not (is_array(a) and is_array(c)):
+    abstract = isinstance(a, jax.ShapeDtypeStruct) or isinstance(c, jax.ShapeDtypeStruct)
+    if not abstract and not (is_array(a) and is_array(c)):
         return (
             f"a {type(alias).__name__} and a {type(canonical).__name__} that are not the "
             "same object"
@@ -156,8 +169,8 @@ def _mismatch(alias: Any, canonical: Any, perm: Perm | None) -> str | None:
             f"{'' if perm is None else f' transposed by {list(perm)}'}), got "
             f"{a.dtype}{list(a.shape)}"
         )
-    if isinstance(a, jax.core.Tracer) or isinstance(expected, jax.core.Tracer):
-        return None  # Values are unknown while tracing; shapes and dtypes agree.
+    if abstract or isinstance(a, jax.core.Tracer) or isinstance(expected, jax.core.Tracer):
+        return None  # Values are unknown (abstract or tracing); shapes and dtypes agree.
     if not bool(_same_values(a, expected)):
         return "holds different values than its canonical, so it is not a tie"
     return None

@@ -1,0 +1,167 @@
+"""``TieReport``: what ``jaxshare inspect`` shows of a checkpoint or weights file.
+
+Every reader (Orbax items, safetensors and torch files) describes what it holds
+as ``{path: ArrayInfo}`` for the stored (unique) arrays plus an ``AliasMap``;
+the report derives the aliases' shapes, the tie groups and the byte counts, and
+renders them as a table or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxshare._alias import AliasMap
+
+__all__ = ["ArrayInfo", "TieReport", "format_bytes"]
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """Shape and dtype of one array, without its data."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+    def permuted(self, perm: tuple[int, ...] | None) -> ArrayInfo:
+        if perm is None:
+            return self
+        return ArrayInfo(tuple(self.shape[i] for i in perm), self.dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        import ml_dtypes  # bfloat16, float8_*: numpy learns their names from ml_dtypes.
+
+        return np.dtype(getattr(ml_dtypes, dtype)).itemsize
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``.
+
+    >>> format_bytes(0), format_bytes(1536), format_bytes(3 * 2**30)
+    ('0 B', '1.5 KiB', '3.0 GiB')
+    """
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class TieReport:
+    """The ties of one stored item.
+
+    Args:
+      source: the file or directory described.
+      kind: ``"orbax"``, ``"safetensors"`` or ``"torch"``.
+      stored: ``{path: ArrayInfo}`` of the arrays the item stores.
+      alias_map: the aliases the item records; each canonical is in ``stored``.
+
+    >>> r = TieReport("ckpt", "orbax", {"wte": ArrayInfo((4, 2), "float32")},
+    ...               AliasMap({"head": "wte"}, transforms={"head": (1, 0)}))
+    >>> r.bytes_stored, r.bytes_total, r.bytes_saved, r.arrays["head"].shape
+    (32, 64, 32, (2, 4))
+    """
+
+    source: str
+    kind: str
+    stored: Mapping[str, ArrayInfo]
+    alias_map: AliasMap
+    arrays: Mapping[str, ArrayInfo] = field(init=False)
+
+    def __post_init__(self) -> None:
+        missing = sorted({c for c in self.alias_map.values() if c not in self.stored})
+        if missing:
+            raise ValueError(
+                f"{self.source}: the alias map names canonical path(s) {missing[:5]} that "
+                "the item does not store."
+            )
+        arrays = dict(self.stored)
+        for alias, canonical in self.alias_map.items():
+            arrays[alias] = self.stored[canonical].permuted(self.alias_map.transform(alias))
+        object.__setattr__(self, "arrays", dict(sorted(arrays.items())))
+
+    @property
+    def bytes_stored(self) -> int:
+        return sum(info.nbytes for info in self.stored.values())
+
+    @property
+    def bytes_total(self) -> int:
+        """What the item would take with every alias written out."""
+        return sum(info.nbytes for info in self.arrays.values())
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_total - self.bytes_stored
+
+    def to_dict(self) -> dict:
+        groups = []
+        for canonical, aliases in self.alias_map.groups().items():
+            info = self.stored[canonical]
+            groups.append(
+                {
+                    "canonical": canonical,
+                    "aliases": [
+                        {"path": a, "permute": list(p) if (p := self.alias_map.transform(a)) else None}
+                        for a in aliases
+                    ],
+                    "shape": list(info.shape),
+                    "dtype": info.dtype,
+                    "bytes_each": info.nbytes,
+                }
+            )
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "arrays": len(self.arrays),
+            "stored_arrays": len(self.stored),
+            "bytes_stored": self.bytes_stored,
+            "bytes_total": self.bytes_total,
+            "bytes_saved": self.bytes_saved,
+            "tie_groups": groups,
+            "alias_map": json.loads(self.alias_map.to_json()),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def format_table(self) -> str:
+        """A human-readable summary: one row per tie group, then the byte counts."""
+        lines = [f"{self.source} ({self.kind}): {len(self.arrays)} arrays, {len(self.stored)} stored"]
+        groups = self.alias_map.groups()
+        if not groups:
+            lines.append("no ties")
+        else:
+            rows = [("canonical", "aliases", "shape", "dtype", "bytes each")]
+            for canonical, aliases in groups.items():
+                info = self.stored[canonical]
+                shown = ", ".join(
+                    a + (f" (permute {list(p)})" if (p := self.alias_map.transform(a)) else "")
+                    for a in aliases
+                )
+                rows.append(
+                    (canonical, shown, str(info.shape), info.dtype, format_bytes(info.nbytes))
+                )
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            for n, row in enumerate(rows):
+                lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+                if n == 0:
+                    lines.append("  ".join("-" * w for w in widths))
+        lines.append(
+            f"bytes stored: {format_bytes(self.bytes_stored)}   with aliases written out: "
+            f"{format_bytes(self.bytes_total)}   saved by dedupe: {format_bytes(self.bytes_saved)}"
+        )
+        return "\n".join(lines)
