@@ -8,11 +8,13 @@ and the input is never mutated.
 Mappings are special: a key can be removed from them (``drop``) and added to
 them (``put`` at a path that does not exist creates the missing mapping keys).
 Every other container keeps its structure; ``drop`` leaves ``None`` in place.
+So does an ``OrderedDict``: JAX flattens it in insertion order, so a removed
+key could not be put back at its place.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -118,8 +120,8 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
     """A copy of ``tree`` with each path set (``Put``) or removed (``DROP``).
 
     ``DROP`` of a mapping key removes the key, and a mapping that this empties
-    is removed from its parent mapping in turn; in any other container the
-    leaf becomes ``None``. ``DROP`` of an absent path does nothing. ``Put`` at an
+    is removed from its parent mapping in turn; in an ``OrderedDict`` or any
+    other container the leaf becomes ``None``. ``DROP`` of an absent path does nothing. ``Put`` at an
     absent path creates the missing keys, which requires every missing part to
     be a mapping key.
     """
@@ -132,6 +134,7 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
                 f"edit needs keys below it: {sorted(trie)[:3]}."
             )
         is_mapping = isinstance(node, Mapping)
+        drops_keys = is_mapping and not isinstance(node, OrderedDict)
         changes: dict[Any, Any] = {}
         for part, sub in trie.items():
             entry = index.get(part)
@@ -145,15 +148,17 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
             key, child = entry if entry is not None else (_new_key(node, part), None)
             op = sub.get(_OP)
             if op is DROP:
-                changes[key] = _REMOVE if is_mapping else None
+                changes[key] = _REMOVE if drops_keys else None
             elif isinstance(op, Put):
                 changes[key] = op.value
             else:
                 if child is None and entry is None:
                     child = _new_mapping(node, [], where)
                 new = visit(child, sub, (*where, key))
+                if new is child:
+                    continue
                 emptied = isinstance(child, Mapping) and len(child) > 0 and len(new) == 0
-                changes[key] = _REMOVE if (is_mapping and emptied) else new
+                changes[key] = _REMOVE if (drops_keys and emptied) else new
         return _replace(node, changes, where)
 
     return visit(tree, _trie(ops), ())

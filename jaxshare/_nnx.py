@@ -26,13 +26,24 @@ def _nnx() -> Any | None:
 
 
 def is_nnx_root(tree: Any) -> bool:
-    """Whether ``tree`` is an NNX graph node (Module, Optimizer, ...) or ``nnx.State``."""
+    """Whether ``tree`` is walked as an NNX graph: an NNX graph node (Module,
+    Optimizer, ...), an ``nnx.State``, or a dict/list/tuple holding one directly
+    (``{"model": model, "ema": ema}``)."""
     nnx = _nnx()
     if nnx is None:
         return False
     from flax.nnx import graphlib
 
-    return type(tree) in graphlib.GRAPH_REGISTRY or isinstance(tree, nnx.State)
+    def is_node(x: Any) -> bool:
+        return type(x) in graphlib.GRAPH_REGISTRY or isinstance(x, nnx.State)
+
+    if is_node(tree):
+        return True
+    if isinstance(tree, dict):
+        return any(is_node(v) for v in tree.values())
+    if type(tree) in (list, tuple):
+        return any(is_node(v) for v in tree)
+    return False
 
 
 def is_variable(x: Any) -> bool:

@@ -87,7 +87,8 @@ def dedupe(
     From a mapping the alias key is dropped (and a mapping this empties is
     dropped from its parent mapping), so the unique tree of a Flax params dict
     is a plain params dict anyone can load. In other containers (lists, tuples,
-    dataclasses) the alias becomes ``None``. The input is not mutated.
+    dataclasses, and ``OrderedDict``, whose key order JAX keeps) the alias
+    becomes ``None``. The input is not mutated.
 
     An alias already absent from its mapping (or ``None``) counts as removed:
     ``dedupe`` is idempotent, and ``nnx.state(model)`` -- from which NNX drops
@@ -136,7 +137,7 @@ def dedupe(
                 f"{alias!r}: no such path (stops at {value.where!r}, which is not a mapping)"
             )
             continue
-        reason = _mismatch(value, canonicals[amap[alias]], amap.transform(alias))
+        reason = _mismatch(value, canonicals[amap[alias]], amap.transform(alias), alias)
         if reason:
             problems.append(f"{alias!r} (alias of {amap[alias]!r}): {reason}")
     if problems:
@@ -146,7 +147,7 @@ def dedupe(
     return edit_paths(tree, dict.fromkeys(amap, DROP), is_leaf=is_leaf), amap
 
 
-def _mismatch(alias: Any, canonical: Any, perm: Perm | None) -> str | None:
+def _mismatch(alias: Any, canonical: Any, perm: Perm | None, path: str) -> str | None:
     """Why ``alias`` cannot be dropped as a copy of ``canonical``, or ``None``."""
     if alias is canonical and perm is None:
         return None
@@ -160,7 +161,7 @@ def _mismatch(alias: Any, canonical: Any, perm: Perm | None) -> str | None:
             "same object"
         )
     try:
-        expected = apply_transform(c, perm)
+        expected = apply_transform(c, perm, path)
     except (TypeError, ValueError) as e:
         return str(e)
     if tuple(a.shape) != tuple(expected.shape) or a.dtype != expected.dtype:
