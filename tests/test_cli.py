@@ -1,0 +1,43 @@
+"""The `jaxshare` command's own behaviour; each reader's commands are tested beside it."""
+
+import subprocess
+import sys
+
+import pytest
+
+from jaxshare.cli import main
+
+
+def test_demo_tells_the_whole_story(tmp_path, capsys):
+    assert main(["demo", "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "returns the same array twice? False" in out
+    assert "Attempt to donate the same buffer twice" in out
+    assert "lm_head/kernel == wte/embedding.T: True" in out
+    for section in ("== 3. Orbax checkpoints", "== 4. PyTorch"):
+        assert section in out
+    assert "skipped" not in out
+
+
+def test_console_script_entry_point():
+    out = subprocess.run([sys.executable, "-m", "jaxshare.cli", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    for command in ("inspect", "convert", "demo"):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["inspect", "/no/such/path"], "no such file or directory"),
+        (["inspect", "{tmp}/notes.txt"], "expected an Orbax checkpoint directory or a weights file"),
+        (["convert", "/no/such/dir", "{tmp}/x.safetensors"], "no such file or directory"),
+        (["convert", "{tmp}", "{tmp}/out.npz"], "give it one of the suffixes"),
+        (["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"], "Flax names are written to .safetensors only"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):
+    (tmp_path / "notes.txt").write_text("hi")
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1

@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from jaxshare import AliasMap
+from jaxshare._report import ArrayInfo, TieReport, format_bytes
+
+STORED = {
+    "params/wte/embedding": ArrayInfo((50257, 768), "bfloat16"),
+    "params/ln/scale": ArrayInfo((768,), "float32"),
+}
+MAP = AliasMap({"params/lm_head/kernel": "params/wte/embedding"},
+               transforms={"params/lm_head/kernel": (1, 0)})
+
+
+def test_bytes_and_alias_shapes():
+    r = TieReport("ckpt", "orbax", STORED, MAP)
+    emb = 50257 * 768 * 2
+    assert r.bytes_stored == emb + 768 * 4
+    assert r.bytes_total == r.bytes_stored + emb
+    assert r.bytes_saved == emb
+    assert r.arrays["params/lm_head/kernel"] == ArrayInfo((768, 50257), "bfloat16")
+
+
+def test_json_and_table():
+    r = TieReport("ckpt", "orbax", STORED, MAP)
+    doc = json.loads(r.to_json())
+    assert doc["tie_groups"] == [{
+        "canonical": "params/wte/embedding",
+        "aliases": [{"path": "params/lm_head/kernel", "permute": [1, 0]}],
+        "shape": [50257, 768], "dtype": "bfloat16", "bytes_each": 50257 * 768 * 2,
+    }]
+    assert AliasMap.from_json(json.dumps(doc["alias_map"])) == MAP
+    table = r.format_table()
+    assert "params/lm_head/kernel (permute [1, 0])" in table and "saved by dedupe: 73.6 MiB" in table
+
+
+def test_no_ties():
+    r = TieReport("f.safetensors", "safetensors", STORED, AliasMap())
+    assert "no ties" in r.format_table() and r.bytes_saved == 0
+
+
+def test_canonical_missing_from_item_is_an_error():
+    with pytest.raises(ValueError, match=r"ckpt: the alias map names canonical path\(s\) \['nope'\]"):
+        TieReport("ckpt", "orbax", STORED, AliasMap({"x": "nope"}))
+
+
+@pytest.mark.parametrize("dtype, size", [("float32", 4), ("bfloat16", 2), ("bool", 1), ("int64", 8),
+                                         ("float8_e4m3fn", 1)])
+def test_itemsizes(dtype, size):
+    assert ArrayInfo((3,), dtype).nbytes == 3 * size
+
+
+def test_format_bytes():
+    assert format_bytes(1023) == "1023 B" and format_bytes(2**20) == "1.0 MiB"
