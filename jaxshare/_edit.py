@@ -121,9 +121,9 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
 
     ``DROP`` of a mapping key removes the key, and a mapping that this empties
     is removed from its parent mapping in turn; in an ``OrderedDict`` or any
-    other container the leaf becomes ``None``. ``DROP`` of an absent path does nothing. ``Put`` at an
-    absent path creates the missing keys, which requires every missing part to
-    be a mapping key.
+    other container the leaf becomes ``None``. ``DROP`` of an absent path does
+    nothing. ``Put`` at an absent path creates the missing keys, which requires
+    every missing part to be a mapping key.
     """
 
     def visit(node: Any, trie: dict, where: Path) -> Any:
@@ -152,7 +152,7 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
             elif isinstance(op, Put):
                 changes[key] = op.value
             else:
-                if child is None and entry is None:
+                if entry is None:
                     child = _new_mapping(node, [], where)
                 new = visit(child, sub, (*where, key))
                 if new is child:
