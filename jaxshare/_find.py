@@ -10,8 +10,8 @@ import numpy as np
 
 from jaxshare import _nnx
 from jaxshare._alias import AliasMap
-from jaxshare._leafkey import By, key_function
-from jaxshare._paths import keypath_to_path, render
+from jaxshare._leafkey import By, _identity_key, is_array, key_function
+from jaxshare._paths import Path, keypath_to_path, render
 
 __all__ = ["find_shared", "Prefer"]
 
@@ -68,61 +68,103 @@ def find_shared(
     """
     keyfn = key_function(by)  # validates `by` first
     if is_leaf is None and _nnx.is_nnx_root(tree):
-        entries: list[tuple[Any, Any]] = _nnx.walk(tree)
-        to_path: Callable[[Any], tuple] = tuple
-        groups = _group(entries, _nnx.leaf_key(keyfn, by), to_path)
+        entries = _nnx.walk(tree)
+        leaves = [leaf for _, leaf in entries]
+        paths_at: Callable[[list[int]], dict[int, Path]] = lambda idx: {
+            i: entries[i][0] for i in idx
+        }
+        keyfn = _nnx.leaf_key(keyfn, by)
     else:
-        entries, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-        to_path = keypath_to_path
-        if by == "identity":
-            groups = _group_by_identity(entries)
-        else:
-            groups = _group(entries, keyfn, to_path)
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
+        paths_at = lambda idx: _paths_at(tree, treedef, idx, is_leaf)
+    if keyfn is _identity_key:
+        groups = _group_by_identity(leaves)
+    else:
+        groups = _group(leaves, keyfn, lambda i: render(paths_at([i])[i]))
+
+    paths = paths_at([i for group in groups for i in group])
     rank = _ranker(prefer)
     aliases: dict[str, str] = {}
-    for indices in groups:
-        paths = [render(to_path(entries[i][0])) for i in indices]
-        if len(set(paths)) != len(paths):
+    for group in groups:
+        rendered = [render(paths[i]) for i in group]
+        if len(set(rendered)) != len(rendered):
             raise ValueError(
-                f"paths {paths} of one tied array render to the same string; give "
+                f"paths {rendered} of one tied array render to the same string; give "
                 "the keys distinct names (e.g. not both 1 and '1')."
             )
-        best = min(range(len(paths)), key=lambda j: (rank(paths[j]), j)) if rank else 0
-        canonical = paths[best]
-        for p in paths:
-            if p != canonical:
-                aliases[p] = canonical
+        best = min(range(len(rendered)), key=lambda j: (rank(rendered[j]), j)) if rank else 0
+        for p in rendered:
+            if p != rendered[best]:
+                aliases[p] = rendered[best]
     return AliasMap(aliases)
 
 
-def _group_by_identity(entries: list[tuple[Any, Any]]) -> list[list[int]]:
-    """The hot path: pytree leaves grouped by ``id``, arrays only."""
-    array_types = (jax.Array, np.ndarray)
-    first: dict[int, int] = {}
-    dups: dict[int, list[int]] = {}
-    for i, (_, leaf) in enumerate(entries):
-        if isinstance(leaf, array_types):
-            j = first.setdefault(id(leaf), i)
-            if j != i:
-                dups.setdefault(j, [j]).append(i)
-    return list(dups.values())
+def _group_by_identity(leaves: list[Any]) -> list[list[int]]:
+    """The hot path: indices of array leaves grouped by ``id``, in flatten order.
+
+    Repeated ids are found at C speed (a set, then ``np.unique``), so only the
+    repeated leaves are looked at in Python.
+    """
+    ids = list(map(id, leaves))
+    if len(set(ids)) == len(ids):
+        return []
+    _, inverse, counts = np.unique(np.array(ids, np.uint64), return_inverse=True, return_counts=True)
+    groups: dict[int, list[int]] = {}
+    for i in np.flatnonzero(counts[inverse] > 1).tolist():
+        if is_array(leaves[i]):
+            groups.setdefault(ids[i], []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def _group(
-    entries: list[tuple[Any, Any]],
+    leaves: list[Any],
     keyfn: Callable[[Any, Callable[[], str]], Hashable | None],
-    to_path: Callable[[Any], tuple],
+    where: Callable[[int], str],
 ) -> list[list[int]]:
     first: dict[Hashable, int] = {}
     dups: dict[int, list[int]] = {}
-    for i, (path, leaf) in enumerate(entries):
-        key = keyfn(leaf, lambda: render(to_path(path)))
+    for i, leaf in enumerate(leaves):
+        key = keyfn(leaf, lambda i=i: where(i))
         if key is None:
             continue
         j = first.setdefault(key, i)
         if j != i:
             dups.setdefault(j, [j]).append(i)
     return list(dups.values())
+
+
+class _Mark:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _paths_at(
+    tree: Any, treedef: Any, indices: list[int], is_leaf: Callable[[Any], bool] | None
+) -> dict[int, Path]:
+    """Key paths of the leaves at ``indices`` only.
+
+    Building a key path for every leaf costs most of a flatten, and ties are
+    few: the paths come from a copy of the structure holding a marker at each
+    wanted leaf and ``None`` (no leaf at all) elsewhere. A custom pytree node
+    that refuses ``None`` children gets the full flatten instead.
+    """
+    if not indices:
+        return {}
+    marks: list[Any] = [None] * treedef.num_leaves
+    for i in indices:
+        marks[i] = _Mark(i)
+    try:
+        marked = jax.tree_util.tree_unflatten(treedef, marks)
+        flat, _ = jax.tree_util.tree_flatten_with_path(marked)  # A _Mark is a leaf.
+        found = {m.index: keypath_to_path(kp) for kp, m in flat if isinstance(m, _Mark)}
+        if len(found) == len(set(indices)):
+            return found
+    except Exception:  # noqa: BLE001 -- any failure of a node's unflatten: fall back.
+        pass
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return {i: keypath_to_path(flat[i][0]) for i in indices}
 
 
 def _ranker(prefer: Prefer | None) -> Callable[[str], Any] | None:

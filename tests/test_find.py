@@ -239,3 +239,31 @@ def test_buffer_holds_references_while_walking():
         lambda n, _: Fresh(n),
     )
     assert find_shared(Fresh(50), by="buffer") == {}
+
+
+class Strict:
+    """A pytree node whose unflatten refuses non-array children."""
+
+    def __init__(self, a, b):
+        if not all(hasattr(x, "shape") for x in (a, b)):
+            raise TypeError("Strict holds arrays only")
+        self.a, self.b = a, b
+
+
+jax.tree_util.register_pytree_with_keys(
+    Strict,
+    lambda s: (((jax.tree_util.GetAttrKey("a"), s.a), (jax.tree_util.GetAttrKey("b"), s.b)), None),
+    lambda _, children: Strict(*children),
+)
+
+
+def test_paths_of_nodes_that_refuse_placeholders():
+    tree = {"s": Strict(W, V), "t": Strict(V, W)}
+    assert find_shared(tree) == {"t/a": "s/b", "t/b": "s/a"}
+    assert find_shared(tree, prefer=["t"]) == {"s/a": "t/b", "s/b": "t/a"}
+
+
+def test_repeated_non_array_objects_are_skipped_in_the_fast_path():
+    s = "shared-string"
+    tree = {"a": s, "b": s, "c": W, "d": [W, 0, 0]}
+    assert find_shared(tree) == {"d/0": "c"}
