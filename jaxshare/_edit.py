@@ -66,10 +66,38 @@ def _trie(paths: Mapping[str, Any]) -> dict:
     return root
 
 
-def _index(node: Any, where: Path, is_leaf: IsLeaf) -> dict[str, tuple[Any, Any]] | None:
-    """``{rendered key: (key, child)}`` of a container, ``None`` for a leaf."""
+Lookup = Callable[[str], tuple[Any, Any] | None]
+
+
+def _lookup(node: Any, where: Path, is_leaf: IsLeaf) -> Lookup | None:
+    """A function from a rendered key to ``(key, child)`` (``None`` when absent);
+    ``None`` itself when ``node`` is a leaf.
+
+    Mappings, lists and tuples are looked up directly; other nodes (namedtuples,
+    dataclasses, custom pytrees) are flattened one level and their keys rendered.
+    """
     if is_leaf is not None and is_leaf(node):
         return None
+    if isinstance(node, Mapping):
+
+        def in_mapping(part: str) -> tuple[Any, Any] | None:
+            as_int = _as_int(part)
+            hits = [k for k in (part, as_int) if k is not None and k in node]
+            if len(hits) == 2:
+                raise ValueError(
+                    f"keys {part!r} and {as_int!r} under {render(where)!r} render to the "
+                    "same path; give them distinct names."
+                )
+            return (hits[0], node[hits[0]]) if hits else None
+
+        return in_mapping
+    if type(node) in (list, tuple):
+
+        def in_sequence(part: str) -> tuple[Any, Any] | None:
+            i = _as_int(part)
+            return (i, node[i]) if i is not None and i < len(node) else None
+
+        return in_sequence
     pairs = children(node)
     if pairs is None:
         return None
@@ -82,7 +110,14 @@ def _index(node: Any, where: Path, is_leaf: IsLeaf) -> dict[str, tuple[Any, Any]
                 "to the same path; give them distinct names."
             )
         index[rendered] = (key, child)
-    return index
+    return index.get
+
+
+def _as_int(part: str) -> int | None:
+    """``'12'`` -> ``12``: the int key a path part renders, if it renders one."""
+    if part.isdigit() and (part == "0" or not part.startswith("0")):
+        return int(part)
+    return None
 
 
 def get_paths(tree: Any, paths: list[str], *, is_leaf: IsLeaf = None) -> dict[str, Any]:
@@ -90,12 +125,12 @@ def get_paths(tree: Any, paths: list[str], *, is_leaf: IsLeaf = None) -> dict[st
     out: dict[str, Any] = {}
 
     def visit(node: Any, trie: dict, where: Path) -> None:
-        index = _index(node, where, is_leaf)
+        lookup = _lookup(node, where, is_leaf)
         for part, sub in trie.items():
             if part is _OP:
                 out[sub] = node
                 continue
-            entry = None if index is None else index.get(part)
+            entry = None if lookup is None else lookup(part)
             if entry is None:
                 here = render(where)
                 for path in _ops(sub):
@@ -127,8 +162,8 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
     """
 
     def visit(node: Any, trie: dict, where: Path) -> Any:
-        index = _index(node, where, is_leaf)
-        if index is None:
+        lookup = _lookup(node, where, is_leaf)
+        if lookup is None:
             raise ValueError(
                 f"path {render(where)!r} is a leaf of type {type(node).__name__}, but the "
                 f"edit needs keys below it: {sorted(trie)[:3]}."
@@ -137,7 +172,9 @@ def edit_paths(tree: Any, ops: Mapping[str, Put | _Drop], *, is_leaf: IsLeaf = N
         drops_keys = is_mapping and not isinstance(node, OrderedDict)
         changes: dict[Any, Any] = {}
         for part, sub in trie.items():
-            entry = index.get(part)
+            if part is _OP:
+                continue
+            entry = lookup(part)
             if entry is None and all(op is DROP for op in _ops(sub)):
                 continue  # Nothing to remove.
             if entry is None and not is_mapping:
@@ -174,6 +211,8 @@ def _replace(node: Any, changes: dict[Any, Any], where: Path) -> Any:
         items = [(k, changes.pop(k, v)) for k, v in node.items()]
         items += list(changes.items())
         return _new_mapping(node, [(k, v) for k, v in items if v is not _REMOVE], where)
+    if type(node) in (list, tuple):
+        return type(node)(changes.get(i, child) for i, child in enumerate(node))
     flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     values = [changes.get(keypath_to_path(kp)[0], child) for kp, child in flat]
     return jax.tree_util.tree_unflatten(treedef, values)
@@ -201,7 +240,7 @@ def _new_key(mapping: Mapping, part: str) -> str | int:
     an ``nnx.List``); the rendered part alone cannot say it was an ``int``, the
     siblings can.
     """
-    is_int = part.isdigit() and (part == "0" or not part.startswith("0"))
-    if is_int and mapping and all(type(k) is int for k in mapping):
-        return int(part)
+    as_int = _as_int(part)
+    if as_int is not None and mapping and all(type(k) is int for k in mapping):
+        return as_int
     return part

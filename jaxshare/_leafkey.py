@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import jax
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 
 __all__ = ["By", "KeyFn", "is_array", "key_function"]
 
@@ -48,10 +49,15 @@ def _buffer_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
         )
     if leaf.size == 0:
         return None  # Zero-size arrays have no memory; their addresses mean nothing.
-    shards = tuple(
-        sorted((s.device.id, s.data.unsafe_buffer_pointer()) for s in leaf.addressable_shards)
-    )
-    return ("jax", shards, leaf.shape, leaf.dtype, leaf.sharding)
+    sharding = leaf.sharding
+    if isinstance(sharding, SingleDeviceSharding):  # One buffer: skip the shard wrappers.
+        (device,) = sharding.device_set
+        shards: tuple = ((device.id, leaf.unsafe_buffer_pointer()),)
+    else:
+        shards = tuple(
+            sorted((s.device.id, s.data.unsafe_buffer_pointer()) for s in leaf.addressable_shards)
+        )
+    return ("jax", shards, leaf.shape, leaf.dtype, sharding)
 
 
 def key_function(by: By) -> KeyFn:

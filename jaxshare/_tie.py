@@ -61,10 +61,13 @@ def apply_transform(x: Any, perm: Perm | None, alias: str = "?") -> Any:
     return np.transpose(x, perm) if isinstance(x, np.ndarray) else jnp.transpose(x, perm)
 
 
-def _canonicals(tree: Any, amap: AliasMap, is_leaf: IsLeaf, arg: str) -> dict[str, Any]:
-    wanted = sorted(set(amap.values()))
-    found = get_paths(tree, wanted, is_leaf=is_leaf)
-    missing = [p for p in wanted if isinstance(found[p], Absent) or found[p] is None]
+def _read(tree: Any, amap: AliasMap, is_leaf: IsLeaf, arg: str) -> dict[str, Any]:
+    """The values at every alias and canonical path, in one walk; every canonical
+    must be present."""
+    found = get_paths(tree, sorted({*amap, *amap.values()}), is_leaf=is_leaf)
+    missing = sorted(
+        {c for c in amap.values() if isinstance(found[c], Absent) or found[c] is None}
+    )
     if missing:
         raise ValueError(
             f"`{arg}` has no value at canonical path(s) {missing}, named by the alias map "
@@ -125,11 +128,10 @@ def dedupe(
         amap = as_alias_map(alias_map)
     if not amap:
         return tree, amap
-    canonicals = _canonicals(tree, amap, is_leaf, "tree")
-    aliases = get_paths(tree, list(amap), is_leaf=is_leaf)
+    found = _read(tree, amap, is_leaf, "tree")
     problems: list[str] = []
     for alias in amap:
-        value = aliases[alias]
+        value = found[alias]
         if value is None or (isinstance(value, Absent) and value.under_mappings):
             continue  # Already removed.
         if isinstance(value, Absent):
@@ -137,7 +139,7 @@ def dedupe(
                 f"{alias!r}: no such path (stops at {value.where!r}, which is not a mapping)"
             )
             continue
-        reason = _mismatch(value, canonicals[amap[alias]], amap.transform(alias), alias)
+        reason = _mismatch(value, found[amap[alias]], amap.transform(alias), alias)
         if reason:
             problems.append(f"{alias!r} (alias of {amap[alias]!r}): {reason}")
     if problems:
@@ -208,8 +210,7 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
     amap = as_alias_map(alias_map)
     if not amap:
         return unique_tree
-    canonicals = _canonicals(unique_tree, amap, is_leaf, "unique_tree")
-    current = get_paths(unique_tree, list(amap), is_leaf=is_leaf)
+    found = _read(unique_tree, amap, is_leaf, "unique_tree")
     values: dict[str, Any] = {}
     transformed: dict[tuple[str, Perm], Any] = {}
     problems: list[str] = []
@@ -217,17 +218,17 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
         perm = amap.transform(alias)
         try:
             if perm is None:
-                value = canonicals[canonical]
+                value = found[canonical]
             elif (canonical, perm) in transformed:
                 value = transformed[canonical, perm]
             else:
                 value = transformed[canonical, perm] = apply_transform(
-                    canonicals[canonical], perm, alias
+                    found[canonical], perm, alias
                 )
         except (TypeError, ValueError) as e:
             problems.append(str(e))
             continue
-        held = current[alias]
+        held = found[alias]
         if not (isinstance(held, Absent) or held is None or (perm is None and held is value)):
             problems.append(
                 f"`unique_tree` already holds a {type(held).__name__} at alias path "

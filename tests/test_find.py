@@ -267,3 +267,10 @@ def test_repeated_non_array_objects_are_skipped_in_the_fast_path():
     s = "shared-string"
     tree = {"a": s, "b": s, "c": W, "d": [W, 0, 0]}
     assert find_shared(tree) == {"d/0": "c"}
+
+
+def test_buffer_on_single_device_arrays_rewrapped_and_across_devices():
+    x = jax.device_put(jnp.arange(8.0), jax.devices()[3])
+    y = rewrap(x)
+    z = jax.device_put(x, jax.devices()[4])  # a copy on another device
+    assert find_shared({"a": x, "b": y, "c": z}, by="buffer") == {"b": "a"}

@@ -191,9 +191,25 @@ def test_retie_refuses_transform_of_non_array():
         retie({"a": "text"}, AliasMap({"b": "a"}, transforms={"b": (1, 0)}))
 
 
-def test_non_string_key_on_a_spine_is_rejected():
+def test_non_string_keys_are_rejected_where_rendered():
     with pytest.raises(ValueError, match=r"key 1.5 of type float"):
+        dedupe({1.5: W, 2.5: W})
+    with pytest.raises(ValueError, match=r"no value at canonical path\(s\) \['y'\]"):
         dedupe({1.5: W, 2.5: W}, {"x": "y"})
+
+
+def test_str_and_int_keys_rendering_alike_are_rejected():
+    with pytest.raises(ValueError, match=r"keys '1' and 1 under '' render to the same path"):
+        retie({"1": W, 1: V}, {"a": "1"})
+
+
+def test_sequences_are_looked_up_by_index():
+    tree = {"l": [V, W], "t": (W,)}
+    assert retie({"l": [V, W], "t": (None,)}, {"t/0": "l/1"})["t"][0] is W
+    with pytest.raises(ValueError, match=r"no value at canonical path\(s\) \['l/2'\]"):
+        retie(tree, {"t/0": "l/2"})
+    with pytest.raises(ValueError, match=r"no value at canonical path\(s\) \['l/01'\]"):
+        retie(tree, {"t/0": "l/01"})
 
 
 def test_retie_of_identical_alias_is_accepted():
