@@ -1,0 +1,95 @@
+"""``save``, ``restore`` and ``read_alias_map``: one item, without a CheckpointManager."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from jaxshare._alias import AliasMap
+from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
+from jaxshare.checkpoint._item import read_alias_map_file
+from jaxshare.checkpoint._layout import find_item
+
+__all__ = ["save", "restore", "read_alias_map"]
+
+
+def save(directory: str | os.PathLike, item: Any, /, *, force: bool = False) -> None:
+    """Saves ``item`` (a tree or a ``jaxshare.Tied``) with each tie stored once.
+
+    The write is atomic: Orbax writes into a temporary directory and renames it
+    to ``directory`` when everything, alias map included, is on disk. In a
+    multi-process job every process calls ``save``; they check that they found
+    the same ties.
+
+    Args:
+      directory: the item directory to create.
+      item: the tree to save. A ``Tied`` is saved as its unique tree and alias
+        map; in any other tree, the ties are those of every ``Tied`` in it
+        (e.g. a train state's params and optimizer moments) plus the leaves
+        that are one array object (:func:`jaxshare.find_shared`).
+      force: replace ``directory`` if it exists.
+
+    Raises:
+      FileExistsError: ``directory`` exists and ``force`` is false.
+      ValueError: the processes of a multi-process job found different ties.
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> emb = jnp.arange(6.0).reshape(3, 2)
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> save(path, {"wte": {"embedding": emb}, "head": {"kernel": emb}})
+    >>> read_alias_map(path)
+    AliasMap({'wte/embedding': 'head/kernel'})
+    >>> restored = restore(path)
+    >>> restored["wte"]["embedding"] is restored["head"]["kernel"]
+    True
+    """
+    path = Path(directory)
+    if path.exists() and not force:
+        raise FileExistsError(
+            f"{path} already exists; pass `force=True` to replace it, or save to a new directory."
+        )
+    with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
+        checkpointer.save(path.absolute(), args=SharedSave(item), force=force)
+
+
+def restore(directory: str | os.PathLike, target: Any = None) -> Any:
+    """Restores the tree saved at ``directory``, every tie the same array again.
+
+    Args:
+      directory: an item directory (as :func:`save` writes), or a
+        ``CheckpointManager`` step directory holding one jaxshare item. A
+        checkpoint written by plain Orbax restores too, with no ties.
+      target: ``None``, a full tree of ``jax.ShapeDtypeStruct`` with shardings
+        (e.g. from ``jax.eval_shape``), or a ``Tied``; see
+        :class:`SharedRestore`.
+
+    Returns:
+      The full tree (a ``Tied`` for a ``Tied`` target), each alias the same
+      ``jax.Array`` object as its canonical, or its transform.
+
+    Raises:
+      FileNotFoundError: no checkpoint at ``directory``.
+      ValueError: the alias map file is invalid or does not fit the checkpoint,
+        or ``target`` disagrees with the stored ties or shapes. Nothing is
+        returned half-tied.
+    """
+    handler = SharedCheckpointHandler()
+    try:
+        return handler.restore(find_item(directory), SharedRestore(target))
+    finally:
+        handler.close()
+
+
+def read_alias_map(directory: str | os.PathLike) -> AliasMap:
+    """The alias map stored at ``directory``, read from its JSON file only.
+
+    Empty for a checkpoint written by plain Orbax.
+
+    Raises:
+      FileNotFoundError: no checkpoint at ``directory``.
+      ValueError: the file is not a valid alias map (message names the file).
+    """
+    return read_alias_map_file(find_item(directory))

@@ -1,0 +1,144 @@
+"""``consolidate``: the ``zero_to_fp32`` of jaxshare -- a flat dict of every path.
+
+Arrays are read one at a time (see :mod:`._read`), so besides the result
+memory holds nothing of the model; the streaming variant writes a
+``.safetensors`` file a block at a time and never holds a whole array.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxshare._alias import AliasMap, Perm
+from jaxshare._progress import ProgressFn
+from jaxshare.checkpoint._item import StoredItem, open_item, sample
+from jaxshare.checkpoint._layout import find_item
+from jaxshare.checkpoint._read import LeafReader, cast_to, float_dtype
+from jaxshare.checkpoint._safetensors import TensorSpec, stream_safetensors
+
+__all__ = ["consolidate", "consolidate_to_safetensors", "ALIAS_MAP_METADATA_KEY"]
+
+#: Key of the alias map JSON in the ``.safetensors`` metadata.
+ALIAS_MAP_METADATA_KEY = "jaxshare.alias_map"
+
+
+def consolidate(directory: str | os.PathLike, *, dtype: Any = None) -> dict[str, np.ndarray]:
+    """Every path of the checkpoint at ``directory``, aliases included, as numpy arrays.
+
+    Arrays are read one by one, each straight into its result array, so peak
+    memory is the result plus a few storage chunks.
+    An alias is its canonical's very array (or a transposed view of it): copy
+    before mutating one in place.
+
+    Args:
+      directory: an item directory, or a ``CheckpointManager`` step directory
+        holding one jaxshare item.
+      dtype: cast floating arrays (``bfloat16`` included) to this floating
+        dtype, e.g. ``"float32"``; other arrays keep theirs.
+
+    Returns:
+      ``{path: array}`` with ``'/'``-joined paths, sorted.
+
+    Raises:
+      ValueError: invalid ``dtype``; the alias map does not fit the checkpoint;
+        the checkpoint stores leaves that are not arrays.
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> from jaxshare import checkpoint
+    >>> emb = jnp.ones((3, 2), jnp.bfloat16)
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(path, {"wte": emb, "head": emb})
+    >>> flat = consolidate(path, dtype="float32")
+    >>> {k: (v.shape, v.dtype.name) for k, v in flat.items()}
+    {'head': ((3, 2), 'float32'), 'wte': ((3, 2), 'float32')}
+    """
+    cast = float_dtype(dtype)
+    item = _open_arrays(directory)
+    reader = LeafReader(item, dtype=cast)
+    out = {path: reader.read(path) for path in item.stored}
+    amap = item.alias_map
+    for alias, canonical in amap.items():
+        perm = amap.transform(alias)
+        out[alias] = out[canonical] if perm is None else np.transpose(out[canonical], perm)
+    return dict(sorted(out.items()))
+
+
+def consolidate_to_safetensors(
+    directory: str | os.PathLike,
+    path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> None:
+    """Writes every path of the checkpoint to a ``.safetensors`` file, streaming.
+
+    Tensors are named by Flax ``'/'`` paths. Each alias is written as a tensor
+    of its own (read again from its canonical, transposed where it has a
+    transform), so any safetensors reader gets the full flat dict; the alias
+    map is also in the file's metadata under ``"jaxshare.alias_map"`` (the JSON
+    of :meth:`jaxshare.AliasMap.to_json`). Arrays are streamed in blocks of
+    about 16 MiB, so memory stays flat however large the model or its largest
+    array. The file appears only once complete.
+
+    Args:
+      directory: an item directory, or a step directory with one jaxshare item.
+      path: the ``.safetensors`` file to write.
+      dtype: cast floating arrays to this floating dtype, e.g. ``"float32"``.
+      force: replace ``path`` if it exists.
+      progress: called as ``progress(done, total, name)`` after each tensor.
+
+    Raises:
+      FileExistsError: ``path`` exists and ``force`` is false.
+      ValueError: as for :func:`consolidate`, or a dtype safetensors cannot store.
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> from safetensors.numpy import load_file
+    >>> from jaxshare import checkpoint
+    >>> emb = jnp.ones((3, 2))
+    >>> ckpt = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(ckpt, {"wte": {"embedding": emb}, "head": {"kernel": emb}})
+    >>> consolidate_to_safetensors(ckpt, ckpt + ".safetensors")
+    >>> sorted(load_file(ckpt + ".safetensors"))
+    ['head/kernel', 'wte/embedding']
+    """
+    cast = float_dtype(dtype)
+    item = _open_arrays(directory)
+    amap = item.alias_map
+    sources = {name: _source(amap, name) for name in sorted([*item.stored, *amap])}
+    specs = [
+        TensorSpec(
+            name,
+            item.stored[canonical].permuted(perm).shape,
+            cast_to(jnp.dtype(item.stored[canonical].dtype), cast),
+        )
+        for name, (canonical, perm) in sources.items()
+    ]
+    metadata = {ALIAS_MAP_METADATA_KEY: amap.to_json()}
+    reader = LeafReader(item, dtype=cast)
+    with stream_safetensors(Path(path), specs, metadata, force=force) as write:
+        for done, (name, (canonical, perm)) in enumerate(sources.items(), start=1):
+            write(reader.blocks(canonical, perm))
+            if progress is not None:
+                progress(done, len(specs), name)
+
+
+def _source(amap: AliasMap, name: str) -> tuple[str, Perm | None]:
+    """Where the tensor ``name`` is read from: its canonical and transform."""
+    return (amap[name], amap.transform(name)) if name in amap else (name, None)
+
+
+def _open_arrays(directory: str | os.PathLike) -> StoredItem:
+    item = open_item(find_item(directory))
+    if item.other:
+        raise ValueError(
+            f"{item.directory} stores leaves that are not arrays at {sample(item.other)}; "
+            "consolidation writes arrays only. Restore it with "
+            "`jaxshare.checkpoint.restore` instead."
+        )
+    return item

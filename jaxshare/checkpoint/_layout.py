@@ -1,0 +1,74 @@
+"""Where a jaxshare item keeps what, and how to find the item in a directory.
+
+An item directory holds an ordinary Orbax PyTree checkpoint of the unique tree
+(``_METADATA``, ``manifest.ocdbt``, ``ocdbt.process_*/``, ...) and, beside
+Orbax's files, :data:`ALIAS_MAP_FILE` with the alias map in the versioned JSON
+format of :meth:`jaxshare.AliasMap.to_json`. Both are written into Orbax's
+temporary directory and committed together by its rename.
+
+Zero-size arrays, which Orbax refuses to store, are recorded (shape, dtype and
+array type) in the PyTree checkpoint's custom metadata under
+:data:`EMPTY_ARRAYS_KEY`, so they are committed with the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ALIAS_MAP_FILE", "EMPTY_ARRAYS_KEY", "ORBAX_METADATA_FILE", "find_item", "is_item"]
+
+ALIAS_MAP_FILE = "jaxshare_alias_map.json"
+EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
+#: Written by every Orbax PyTree checkpoint; marks an item directory.
+ORBAX_METADATA_FILE = "_METADATA"
+
+
+def is_item(path: Path) -> bool:
+    """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare item."""
+    return (path / ORBAX_METADATA_FILE).is_file() or (path / ALIAS_MAP_FILE).is_file()
+
+
+def find_item(directory: str | os.PathLike) -> Path:
+    """The item directory that ``directory`` names, as an absolute path.
+
+    ``directory`` is an item directory (what :func:`jaxshare.checkpoint.save`
+    writes), or a ``CheckpointManager`` step directory holding one jaxshare item
+    (or one Orbax PyTree item) among its items.
+
+    Raises:
+      FileNotFoundError: ``directory`` does not exist, or holds no item.
+      ValueError: ``directory`` is a step directory with several candidate items,
+        or a ``CheckpointManager`` root; the message lists what to pass instead.
+    """
+    path = Path(directory).absolute()  # Orbax and TensorStore take absolute paths.
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such checkpoint directory.")
+    if is_item(path):
+        return path
+    subdirs = sorted(p for p in path.iterdir() if p.is_dir())
+    items = [p for p in subdirs if is_item(p)]
+    shared = [p for p in items if (p / ALIAS_MAP_FILE).is_file()]
+    for candidates in (shared, items):
+        if len(candidates) == 1:
+            return candidates[0]
+        if len(candidates) > 1:
+            names = ", ".join(str(p) for p in candidates)
+            raise ValueError(
+                f"{path} holds several checkpoint items ({names}); pass the item directory to use."
+            )
+    steps = [p.name for p in subdirs if p.name.isdigit() and any(map(is_item, _dirs(p)))]
+    if steps:
+        latest = max(steps, key=int)
+        raise ValueError(
+            f"{path} is a CheckpointManager directory with steps {sorted(steps, key=int)}; "
+            f"pass one step, e.g. {path / latest}."
+        )
+    raise FileNotFoundError(
+        f"{path}: not an Orbax checkpoint item (expected {ORBAX_METADATA_FILE} or "
+        f"{ALIAS_MAP_FILE} in it, or in one of its subdirectories)."
+    )
+
+
+def _dirs(path: Path) -> list[Path]:
+    return [p for p in path.iterdir() if p.is_dir()]
