@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(BIN)/jaxshare demo
 
 test: $(STAMP)
+	$(BIN)/ruff check jaxshare bridge tests examples benchmarks
 	$(BIN)/python -m pytest -q -n 2
 
 # Benchmarks compare against peers (transformers, deepspeed, accelerate) that live in

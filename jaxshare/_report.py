@@ -69,6 +69,9 @@ class TieReport:
       kind: ``"orbax"``, ``"safetensors"`` or ``"torch"``.
       stored: ``{path: ArrayInfo}`` of the arrays the item stores.
       alias_map: the aliases the item records; each canonical is in ``stored``.
+      written_out: aliases the item also stores as arrays of their own (a
+        consolidated ``.safetensors`` does, for readers that know no ties);
+        their bytes count as stored.
 
     >>> r = TieReport("ckpt", "orbax", {"wte": ArrayInfo((4, 2), "float32")},
     ...               AliasMap({"head": "wte"}, transforms={"head": (1, 0)}))
@@ -80,6 +83,7 @@ class TieReport:
     kind: str
     stored: Mapping[str, ArrayInfo]
     alias_map: AliasMap
+    written_out: frozenset[str] = frozenset()
     arrays: Mapping[str, ArrayInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +93,8 @@ class TieReport:
                 f"{self.source}: the alias map names canonical path(s) {missing[:5]} that "
                 "the item does not store."
             )
+        if unknown := sorted(set(self.written_out) - set(self.alias_map)):
+            raise ValueError(f"{self.source}: `written_out` names non-aliases {unknown[:5]}.")
         arrays = dict(self.stored)
         for alias, canonical in self.alias_map.items():
             arrays[alias] = self.stored[canonical].permuted(self.alias_map.transform(alias))
@@ -96,7 +102,8 @@ class TieReport:
 
     @property
     def bytes_stored(self) -> int:
-        return sum(info.nbytes for info in self.stored.values())
+        written = sum(self.arrays[a].nbytes for a in self.written_out)
+        return written + sum(info.nbytes for info in self.stored.values())
 
     @property
     def bytes_total(self) -> int:
@@ -115,7 +122,11 @@ class TieReport:
                 {
                     "canonical": canonical,
                     "aliases": [
-                        {"path": a, "permute": list(p) if (p := self.alias_map.transform(a)) else None}
+                        {
+                            "path": a,
+                            "permute": list(p) if (p := self.alias_map.transform(a)) else None,
+                            "written_out": a in self.written_out,
+                        }
                         for a in aliases
                     ],
                     "shape": list(info.shape),
@@ -149,7 +160,9 @@ class TieReport:
             for canonical, aliases in groups.items():
                 info = self.stored[canonical]
                 shown = ", ".join(
-                    a + (f" (permute {list(p)})" if (p := self.alias_map.transform(a)) else "")
+                    a
+                    + (f" (permute {list(p)})" if (p := self.alias_map.transform(a)) else "")
+                    + (" (written out)" if a in self.written_out else "")
                     for a in aliases
                 )
                 rows.append(

@@ -44,7 +44,7 @@ def test_inspect_json(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     [group] = report["tie_groups"]
     assert group["canonical"] == "lm_head/kernel"
-    assert group["aliases"] == [{"path": "wte/embedding", "permute": None}]
+    assert group["aliases"] == [{"path": "wte/embedding", "permute": None, "written_out": False}]
     assert report["alias_map"]["aliases"] == {"wte/embedding": "lm_head/kernel"}
 
 

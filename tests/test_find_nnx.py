@@ -1,6 +1,5 @@
 """find_shared on flax.nnx graphs: canonical paths are the ones nnx.state keeps."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx

@@ -27,7 +27,7 @@ def test_json_and_table():
     doc = json.loads(r.to_json())
     assert doc["tie_groups"] == [{
         "canonical": "params/wte/embedding",
-        "aliases": [{"path": "params/lm_head/kernel", "permute": [1, 0]}],
+        "aliases": [{"path": "params/lm_head/kernel", "permute": [1, 0], "written_out": False}],
         "shape": [50257, 768], "dtype": "bfloat16", "bytes_each": 50257 * 768 * 2,
     }]
     assert AliasMap.from_json(json.dumps(doc["alias_map"])) == MAP
@@ -53,3 +53,12 @@ def test_itemsizes(dtype, size):
 
 def test_format_bytes():
     assert format_bytes(1023) == "1023 B" and format_bytes(2**20) == "1.0 MiB"
+
+
+def test_aliases_written_out_count_as_stored():
+    r = TieReport("m.safetensors", "safetensors", STORED, MAP,
+                  written_out=frozenset({"params/lm_head/kernel"}))
+    assert r.bytes_stored == r.bytes_total and r.bytes_saved == 0
+    assert "(permute [1, 0]) (written out)" in r.format_table()
+    with pytest.raises(ValueError, match=r"`written_out` names non-aliases \['params/ln/scale'\]"):
+        TieReport("m", "safetensors", STORED, MAP, written_out=frozenset({"params/ln/scale"}))

@@ -1,0 +1,98 @@
+"""The Flax tree a conversion aims at (``like=``), and the shapes of NNX objects.
+
+A target is any pytree of arrays, ``jax.ShapeDtypeStruct`` or NNX Variables --
+linen variables, a params dict, an ``nnx.State`` -- or an ``nnx.Module`` (its
+``nnx.state``). It is read once into ``{path: leaf}`` and rebuilt with new
+leaves, so the result has exactly its structure and types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from jaxshare._nnx import is_variable, variable_value
+from jaxshare._paths import keypath_to_path, render
+
+__all__ = ["TargetTree", "is_nnx_module", "is_nnx_state", "target_tree"]
+
+
+def _nnx() -> Any | None:
+    from jaxshare._nnx import _nnx as loaded
+
+    return loaded()
+
+
+def is_nnx_module(x: Any) -> bool:
+    nnx = _nnx()
+    return nnx is not None and isinstance(x, nnx.Module)
+
+
+def is_nnx_state(x: Any) -> bool:
+    nnx = _nnx()
+    return nnx is not None and isinstance(x, nnx.State)
+
+
+def _placement(leaf: Any) -> Any:
+    """The sharding a leaf asks for; ``None`` for the default device."""
+    sharding = getattr(variable_value(leaf), "sharding", None)
+    if sharding is None:
+        return None
+    default = {jax.devices()[0]}
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding) and sharding.device_set == default:
+        return None
+    return sharding
+
+
+@dataclass(frozen=True)
+class TargetTree:
+    """A target tree taken apart.
+
+    Attributes:
+      treedef: its structure (NNX Variables are leaves).
+      leaves: ``[(path, leaf)]`` in flatten order.
+      shapes: ``{path: shape}`` of the leaves that are arrays (or abstract ones).
+      shardings: ``{path: sharding}`` of the leaves placed off the default device.
+    """
+
+    treedef: Any
+    leaves: list[tuple[str, Any]]
+    shapes: dict[str, tuple[int, ...]] = field(init=False)
+    shardings: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        values = [(p, variable_value(v)) for p, v in self.leaves]
+        shapes = {
+            p: tuple(v.shape) for p, v in values if hasattr(v, "shape") and hasattr(v, "dtype")
+        }
+        placed = {p: _placement(v) for p, v in self.leaves if p in shapes}
+        shardings = {p: s for p, s in placed.items() if s is not None}
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "shardings", shardings)
+
+    def build(self, values: Mapping[str, Any]) -> Any:
+        """The tree with the leaf at each path of ``values`` replaced (placed as
+        the leaf asked, inside its Variable for NNX)."""
+        out = []
+        for path, leaf in self.leaves:
+            if path not in values:
+                out.append(leaf)
+                continue
+            value = values[path]
+            if path in self.shardings and getattr(value, "sharding", None) != self.shardings[path]:
+                value = jax.device_put(value, self.shardings[path])
+            out.append(leaf.replace(value) if is_variable(leaf) else value)
+        return jax.tree_util.tree_unflatten(self.treedef, out)
+
+
+def target_tree(like: Any) -> TargetTree:
+    """Takes ``like`` apart; an ``nnx.Module`` stands for its ``nnx.state``."""
+    if is_nnx_module(like):
+        from flax import nnx
+
+        like = nnx.state(like)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(like, is_leaf=is_variable)
+    return TargetTree(treedef, [(render(keypath_to_path(kp)), leaf) for kp, leaf in flat])

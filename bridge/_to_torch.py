@@ -1,0 +1,387 @@
+"""``to_torch``: Flax variables as a PyTorch state dict, every tie one tensor again.
+
+Names and layouts come from the rules (or from a target module, ``like=``); the
+ties from the alias map, arrays that are one object, or an NNX module's shared
+Variables. A tie whose permutations cancel between the two sides (``kernel ==
+embedding.T`` going back to two ``weight`` s of one layout) is the very same
+tensor object under both names, so ``load_state_dict(strict=True)`` works and
+``torch.save`` writes one storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jaxshare._alias import AliasMap, compose
+from jaxshare._find import find_shared
+from jaxshare._nnx import is_variable, variable_value
+from jaxshare._paths import render
+from jaxshare._progress import ProgressFn
+from jaxshare._tie import as_alias_map, dedupe
+from jaxshare._tied import Tied
+from bridge._match import permuted, place
+from bridge._names import Rules, as_rules, torch_name
+from bridge._shared import torch_aliases
+from bridge._target import is_nnx_module, is_nnx_state
+from bridge._tensors import Perm, inverse, parallel_map, to_tensor
+from bridge._to_flax import RulesArg, Source, torch_leaves
+
+__all__ = ["to_torch", "torch_alias_map", "torch_conversion"]
+
+
+_NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
+
+
+@dataclass(frozen=True)
+class _FlaxLeaf:
+    path: str                 # full rendered path
+    parts: tuple[str, ...]    # path without the collection
+    collection: str | None    # None: the tree has no collections
+    value: Any                # the array (a _Shape for an alias the tree does not hold)
+
+
+def _is_torch_map(alias_map: Mapping[str, str]) -> bool:
+    """A DeepSpeed-style map names PyTorch tensors: dots, no slashes."""
+    names = [*alias_map, *alias_map.values()]
+    return bool(names) and not any("/" in n for n in names) and any("." in n for n in names)
+
+
+def _source(
+    variables: Any, alias_map: Mapping[str, str] | None
+) -> tuple[Any, AliasMap, AliasMap | None]:
+    """``(tree, flax alias map or None, PyTorch-named alias map or None)``."""
+    torch_map = None
+    if alias_map is not None and _is_torch_map(alias_map):
+        torch_map, alias_map = torch_aliases(alias_map, "alias_map"), None
+    given = None if alias_map is None else as_alias_map(alias_map)
+    if isinstance(variables, Tied):
+        return variables.unique, _merge(given, variables.alias_map), torch_map
+    if is_nnx_module(variables):
+        from flax import nnx
+
+        return nnx.state(variables), _merge(given, find_shared(variables)), torch_map
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            "`variables` must be a Flax variables or params mapping, a jaxshare.Tied or an "
+            f"nnx.Module, got {type(variables).__name__}."
+        )
+    return variables, _merge(given, find_shared(variables, is_leaf=is_variable)), torch_map
+
+
+def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
+    """``primary``'s ties plus those of ``extra`` on paths ``primary`` leaves free."""
+    if primary is None:
+        return extra
+    pairs = dict(primary.items())
+    for alias, canonical in extra.items():
+        if alias not in pairs and canonical not in pairs:
+            pairs[alias] = canonical
+    return AliasMap(pairs, transforms=primary.transforms)
+
+
+def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
+    """Every array of ``tree`` in insertion order, with its collection."""
+    # Linen variables have their collections at the top; NNX Variables carry theirs.
+    top = list(tree) if isinstance(tree, Mapping) else []
+    collections = not is_nnx_state(tree) and bool(top) and (
+        "params" in top or all(k in {"batch_stats", "buffers"} for k in top)
+    )
+    out: list[_FlaxLeaf] = []
+
+    def visit(node: Any, parts: tuple[Any, ...]) -> None:
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                visit(child, (*parts, key))
+            return
+        if node is None:
+            return
+        path = render(parts)
+        rendered = tuple(path.split("/"))
+        if is_variable(node):
+            collection = _NNX_COLLECTIONS.get(type(node).__name__, type(node).__name__.lower())
+            value = variable_value(node)
+        elif collections:
+            collection, rendered, value = rendered[0], rendered[1:], node
+        else:
+            collection, value = None, node
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"`variables` leaf {path!r} is a {type(value).__name__}, not an array.")
+        out.append(_FlaxLeaf(path, rendered, collection, value))
+
+    visit(tree, ())
+    return out
+
+
+@dataclass(frozen=True)
+class _TorchPlan:
+    names: dict[str, tuple[str, Perm | None]]   # flax path -> (torch key, torch->flax perm)
+    leaves: dict[str, _FlaxLeaf]                # flax path -> leaf; absent aliases hold a _Shape
+    alias_map: AliasMap
+    order: list[str]                            # flax paths in output order
+    like_keys: list[str] | None                 # the output's names, in order, given `like`
+
+
+def _plan_torch(
+    tree: Any,
+    amap: AliasMap,
+    like: Source | None,
+    rules: Rules,
+    filled_by_map: Collection[str] = (),
+) -> _TorchPlan:
+    """Names every leaf (and alias) of ``tree``. With ``like``, its names are the
+    output's: each must be placed, but for ``filled_by_map`` (the aliases of a
+    PyTorch-named map, filled afterwards)."""
+    flat = _flax_leaves(tree)
+    leaves = {leaf.path: leaf for leaf in flat}
+    missing = sorted({c for c in amap.values() if c not in leaves})
+    if missing:
+        raise ValueError(
+            f"`variables` has no array at canonical path(s) {missing[:5]} named by the alias "
+            "map; was the map made for another tree?"
+        )
+    held = [a for a in amap if a in leaves]
+    if held:  # The tree holds aliases too: each must be its canonical (transformed).
+        try:
+            dedupe(tree, AliasMap({a: amap[a] for a in held},
+                                  transforms={a: amap.transform(a) for a in held}))
+        except ValueError as e:
+            raise ValueError(
+                f"`variables` and the alias map disagree, so one PyTorch tensor cannot hold "
+                f"both names of a tie ({e}). Were the copies trained apart? Train with a "
+                "`jaxshare.Tied`, or pass an alias map without these ties."
+            ) from None
+    for alias, canonical in amap.items():
+        c = leaves[canonical]
+        shape = permuted(tuple(c.value.shape), amap.transform(alias))
+        if alias not in leaves:
+            parts = tuple(alias.split("/"))
+            if c.parts != tuple(canonical.split("/")):  # The tree has collections.
+                collection, parts = parts[0], parts[1:]
+            else:
+                collection = c.collection
+            leaves[alias] = _FlaxLeaf(alias, parts, collection, _Shape(shape))
+    present = {leaf.path for leaf in flat}
+    order = [leaf.path for leaf in flat] + sorted(a for a in amap if a not in present)
+    names: dict[str, tuple[str, Perm | None]] = {}
+    like_keys = None
+    if like is None:
+        for path in order:
+            leaf = leaves[path]
+            names[path] = torch_name(leaf.parts, len(leaf.value.shape), leaf.collection, rules)
+    else:
+        _, torch_side = torch_leaves(like, rules, "like")
+        index = {p: tuple(leaf.value.shape) for p, leaf in leaves.items()}
+        slots, problems = place(
+            torch_side, index, rules, optional=filled_by_map, what="`variables`"
+        )
+        claimed = {s.path for s in slots.values()}
+        unclaimed = [p for p in order if p not in claimed and p not in amap]
+        if unclaimed:
+            problems.append(f"leaves of `variables` with no name in `like`: {unclaimed[:10]}")
+        if problems:
+            raise ValueError(
+                "cannot name the Flax leaves after `like`:\n  " + "\n  ".join(problems)
+                + "\nCheck that `variables` belong to this model, or pass `rules=`."
+            )
+        names = {s.path: (key, s.perm) for key, s in slots.items()}
+        order = [slots[leaf.key].path for leaf in torch_side if leaf.key in slots]
+        like_keys = [leaf.key for leaf in torch_side]
+    seen: dict[str, str] = {}
+    for path in order:
+        key = names[path][0]
+        if key in seen:
+            raise ValueError(
+                f"{path!r} and {seen[key]!r} both map to the PyTorch name {key!r}; pass "
+                "`rules=` (or `like=`) that tell them apart."
+            )
+        seen[key] = path
+    return _TorchPlan(names, leaves, amap, order, like_keys)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Stands in for an alias's array that the tree does not hold."""
+
+    shape: tuple[int, ...]
+
+
+def _torch_tensors(plan: _TorchPlan, progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of ``plan``: stored leaves first, then every alias as the very
+    tensor of its canonical (layouts cancel), a permuted view of it, or -- when
+    the canonical has no PyTorch name -- its own tensor."""
+    amap = plan.alias_map
+    made: dict[tuple[str, Perm | None], torch.Tensor] = {}
+
+    def source(path: str) -> tuple[str, Perm | None]:
+        """The stored path and the torch-layout permutation of it ``path`` holds."""
+        key, perm = plan.names[path]
+        stored, flax_perm = (amap[path], amap.transform(path)) if path in amap else (path, None)
+        # torch = transpose(flax value, inverse(perm)); flax value = transpose(stored, flax_perm).
+        return stored, compose(inverse(perm), flax_perm)
+
+    stored = [p for p in plan.order if p not in amap]
+
+    def convert(path: str) -> torch.Tensor:
+        return to_tensor(plan.leaves[path].value, source(path)[1], key=plan.names[path][0])
+
+    by_path: dict[str, torch.Tensor] = {}
+    for done, (path, tensor) in enumerate(zip(stored, parallel_map(convert, stored)), 1):
+        by_path[path] = made[source(path)] = tensor
+        if progress is not None:
+            progress(done, len(plan.order), plan.names[path][0])
+    for done, path in enumerate([p for p in plan.order if p in amap], len(stored) + 1):
+        key = plan.names[path][0]
+        stored_path, total = source(path)
+        tensor = made.get((stored_path, total))
+        if tensor is None:
+            base = made.get(source(stored_path)) if stored_path in plan.names else None
+            if base is not None:  # A view of the canonical's tensor: one memory.
+                tensor = base.permute(compose(total, inverse(source(stored_path)[1])))
+            else:
+                tensor = to_tensor(plan.leaves[stored_path].value, total, key=key)
+            made[stored_path, total] = tensor
+        by_path[path] = tensor
+        if progress is not None:
+            progress(done, len(plan.order), key)
+    return {plan.names[path][0]: by_path[path] for path in plan.order}
+
+
+def _apply_torch_map(out: dict[str, torch.Tensor], torch_map: AliasMap | None) -> None:
+    """Puts the aliases of a PyTorch-named (DeepSpeed) map into ``out``, tied."""
+    for alias, canonical in (torch_map or {}).items():
+        if canonical not in out:
+            raise ValueError(
+                f"`alias_map` ties {alias!r} to {canonical!r}, which the converted weights "
+                f"do not have (they have e.g. {list(out)[:3]})."
+            )
+        held, value = out.get(alias), out[canonical]
+        if held is not None and held is not value:
+            same = held.shape == value.shape and held.dtype == value.dtype
+            if not (same and torch.equal(held, value)):
+                raise ValueError(
+                    f"`alias_map` ties {alias!r} to {canonical!r}, but they hold different "
+                    "values; the map does not belong to these weights."
+                )
+        out[alias] = value
+
+
+def torch_conversion(
+    variables: Any,
+    alias_map: Mapping[str, str] | None = None,
+    *,
+    like: Source | None = None,
+    rules: RulesArg = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`to_torch` with a progress callback."""
+    rules = as_rules(rules)
+    tree, amap, torch_map = _source(variables, alias_map)
+    plan = _plan_torch(tree, amap, like, rules, torch_map or ())
+    out = _torch_tensors(plan, progress)
+    _apply_torch_map(out, torch_map)
+    # With `like`, every name is placed or filled by the map: give them in its order.
+    return out if plan.like_keys is None else {k: out[k] for k in plan.like_keys}
+
+
+def to_torch(
+    variables: Any,
+    alias_map: Mapping[str, str] | None = None,
+    /,
+    *,
+    like: Source | None = None,
+    rules: RulesArg = None,
+) -> dict[str, torch.Tensor]:
+    """Flax variables as a PyTorch state dict, every tie one tensor again.
+
+    The inverse of :func:`to_flax`: ``to_torch(*to_flax(sd))`` equals ``sd`` bit for
+    bit, names and dtypes included, and each alias is the very same tensor object
+    as its canonical wherever the layouts cancel (an Embedding ``weight`` reused as
+    a Linear ``weight``), so ``load_state_dict(strict=True)`` works and
+    ``torch.save`` stores one storage. A tie whose layouts do not cancel comes back
+    as a permuted view of its canonical: one memory, another shape.
+
+    Tensors share the arrays' memory where no permutation is needed and an array
+    lives on one CPU device (clone them before modifying them in place); other
+    tensors are contiguous copies.
+
+    Args:
+      variables: linen variables or a params mapping (``FrozenDict``, ``nnx.State``
+        included), a ``jaxshare.Tied``, or an ``nnx.Module`` -- whose shared
+        Variables, which ``nnx.state`` drops, come back under every name.
+      alias_map: the ties, in Flax paths (``to_flax``'s map, a checkpoint's) or as
+        PyTorch names (DeepSpeed's ``shared_params``). Arrays that are one object
+        in ``variables`` are tied even without it.
+      like: the target module or state dict: the result has exactly its names,
+        shapes checked; its layer types settle layouts names cannot (a square
+        GPT-2 ``Conv1D`` weight). Without it, names and layouts come from the
+        rules alone, which invert :func:`to_flax` of a state dict exactly.
+      rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
+
+    Raises:
+      ValueError: a canonical path missing, an alias of the wrong shape, two leaves
+        with one PyTorch name, or (with ``like``) names that do not match.
+
+    >>> import jax.numpy as jnp
+    >>> emb = jnp.arange(8.0).reshape(4, 2)
+    >>> variables = {"params": {"wte": {"embedding": emb}}}
+    >>> sd = to_torch(variables, {"params/head/kernel": "params/wte/embedding"})
+    >>> sd["head.weight"] is sd["wte.weight"], sd["head.weight"].shape
+    (False, torch.Size([2, 4]))
+    >>> from jaxshare import AliasMap
+    >>> tied = AliasMap({"params/head/kernel": "params/wte/embedding"},
+    ...                 transforms={"params/head/kernel": (1, 0)})
+    >>> sd = to_torch(variables, tied)
+    >>> sd["head.weight"] is sd["wte.weight"]
+    True
+    """
+    return torch_conversion(variables, alias_map, like=like, rules=rules)
+
+
+def torch_alias_map(
+    alias_map: Mapping[str, str],
+    variables: Any,
+    /,
+    *,
+    like: Source | None = None,
+    rules: RulesArg = None,
+) -> dict[str, str]:
+    """An ``AliasMap`` in Flax paths as PyTorch ``{alias: canonical}`` -- the shape
+    of DeepSpeed's ``shared_params``.
+
+    Args:
+      alias_map: the ties in Flax paths.
+      variables: the tree they belong to (shapes decide the PyTorch layouts).
+      like, rules: as in :func:`to_torch`.
+
+    Raises:
+      ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
+        express (it would be a permuted view, not the same tensor).
+
+    >>> import jax.numpy as jnp
+    >>> from jaxshare import AliasMap
+    >>> variables = {"params": {"wte": {"embedding": jnp.zeros((4, 2))}}}
+    >>> head = AliasMap({"params/head/kernel": "params/wte/embedding"},
+    ...                 transforms={"params/head/kernel": (1, 0)})
+    >>> torch_alias_map(head, variables)
+    {'head.weight': 'wte.weight'}
+    """
+    rules = as_rules(rules)
+    tree, amap, _ = _source(variables, alias_map)
+    plan = _plan_torch(tree, amap, like, rules)
+    out: dict[str, str] = {}
+    for alias, canonical in plan.alias_map.items():
+        if alias not in plan.names or canonical not in plan.names:
+            continue
+        key_a, perm_a = plan.names[alias]
+        key_c, perm_c = plan.names[canonical]
+        if compose(compose(inverse(perm_a), plan.alias_map.transform(alias)), perm_c) is not None:
+            raise ValueError(
+                f"alias {alias!r} of {canonical!r}: their PyTorch tensors {key_a!r} and "
+                f"{key_c!r} differ in layout, so PyTorch cannot tie them by name."
+            )
+        out[key_a] = key_c
+    return out

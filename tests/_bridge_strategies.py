@@ -1,0 +1,47 @@
+"""Helpers shared by the bridge tests: random tied state dicts, and state-dict equality
+that compares bits and ties."""
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from bridge import shared_params
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes, so NaNs compare by their bits."""
+    return t.detach().clone().reshape(-1).view(torch.uint8) if t.numel() else torch.zeros(0)
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    """Names, shapes, dtypes and bits equal; every tie of ``want`` one object in ``got``."""
+    assert set(got) == set(want)
+    for key, tensor in want.items():
+        assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape, key
+        assert torch.equal(_bits(got[key]), _bits(tensor)), key
+    for alias, canonical in shared_params(want).items():
+        assert got[alias] is got[canonical], alias
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.uint8]
+LEAVES = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked", "emb"]
+
+
+@st.composite
+def tied_state_dicts(draw) -> dict[str, torch.Tensor]:
+    """1-5 tensors of any bits, several dtypes and ranks (zero-size included), some
+    under more names: the very tensor or another view of its memory."""
+    n = draw(st.integers(1, 5))
+    state: dict[str, torch.Tensor] = {}
+    for i in range(n):
+        shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        width = torch.tensor([], dtype=dtype).element_size()
+        size = width * int(np.prod(shape))
+        raw = torch.tensor(list(draw(st.binary(min_size=size, max_size=size))), dtype=torch.uint8)
+        tensor = raw.view(dtype).reshape(shape) if dtype != torch.bool else (raw % 2).bool().reshape(shape)
+        state[f"m{i}.{draw(st.sampled_from(LEAVES))}"] = tensor
+        for j in range(draw(st.integers(0, 2))):
+            alias = f"t{i}_{j}.{draw(st.sampled_from(LEAVES))}"
+            state[alias] = tensor if draw(st.booleans()) else tensor.view(shape)
+    return state
