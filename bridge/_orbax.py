@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
+import numpy as np
 import torch
 
+from jaxshare._dtype import cast_to, float_dtype
 from jaxshare._progress import ProgressFn
 from jaxshare._tied import Tied
 from bridge._to_flax import flax_conversion, nest
@@ -29,24 +30,9 @@ def _check_dst(dst: Path, force: bool) -> None:
         raise FileExistsError(f"{dst} already exists; pass `force=True` (--force) to replace it.")
 
 
-def _float_dtype(dtype: Any) -> jnp.dtype | None:
-    if dtype is None:
-        return None
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        raise ValueError(
-            f"`dtype` {dtype!r} is not a dtype; use e.g. 'float32' or 'bfloat16'."
-        ) from None
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"`dtype` must be a floating dtype (e.g. 'float32'), got {dt.name}.")
-    return dt
-
-
-def _cast(array: Any, dtype: jnp.dtype | None) -> Any:
-    if dtype is None or not jnp.issubdtype(array.dtype, jnp.floating) or array.dtype == dtype:
-        return array
-    return array.astype(dtype)
+def _cast(array: Any, dtype: np.dtype | None) -> Any:
+    target = cast_to(array.dtype, dtype)
+    return array if array.dtype == target else array.astype(target)
 
 
 def convert_to_orbax(
@@ -81,7 +67,7 @@ def convert_to_orbax(
 
     src, dst = Path(src), Path(dst)
     _check_dst(dst, force)
-    cast = _float_dtype(dtype)
+    cast = float_dtype(dtype)
     state = load_file(src, mmap=True)
     stored, amap, _ = flax_conversion(state, progress=progress)
     unique = nest({path: _cast(array, cast) for path, array in stored.items()})
@@ -122,7 +108,7 @@ def convert_from_orbax(
     if dst.suffix not in WEIGHT_SUFFIXES:
         raise ValueError(f"{dst}: expected a weights file suffix ({', '.join(WEIGHT_SUFFIXES)}).")
     _check_dst(dst, force)
-    _float_dtype(dtype)
+    float_dtype(dtype)
     flat = checkpoint.consolidate(src, dtype=dtype)
     amap = checkpoint.read_alias_map(src)
     unique = nest({p: a for p, a in flat.items() if p not in amap})

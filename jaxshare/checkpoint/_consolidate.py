@@ -18,7 +18,8 @@ from jaxshare._alias import AliasMap, Perm
 from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._layout import find_item
-from jaxshare.checkpoint._read import LeafReader, cast_to, float_dtype
+from jaxshare._dtype import cast_to, float_dtype
+from jaxshare.checkpoint._read import LeafReader
 from jaxshare.checkpoint._safetensors import TensorSpec, stream_safetensors
 
 __all__ = ["consolidate", "consolidate_to_safetensors", "ALIAS_MAP_METADATA_KEY"]

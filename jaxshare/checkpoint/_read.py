@@ -14,19 +14,18 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Iterator
-from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
 from jaxshare._alias import Perm
+from jaxshare._dtype import cast_to
 from jaxshare._paths import flatten_with_paths, render
 from jaxshare.checkpoint._item import StoredItem
 
-__all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader", "cast_to", "float_dtype"]
+__all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader"]
 
 #: Storage chunk size that ``save`` asks Orbax for.
 CHUNK_BYTES = 16 * 2**20
@@ -36,31 +35,6 @@ _MMAP_BYTES = 2**20
 # Orbax's context caches OCDBT B-tree nodes up to 100 MB; reading each array
 # once needs little of that, and a long read would keep it all resident.
 _CONTEXT = {"cache_pool#ocdbt": {"total_bytes_limit": 8 * 2**20}}
-
-
-def float_dtype(dtype: Any) -> np.dtype | None:
-    """Parses a ``dtype=`` option: a floating dtype (``"float32"``, ``jnp.bfloat16``) or ``None``.
-
-    >>> float_dtype("bfloat16"), float_dtype(None)
-    (dtype(bfloat16), None)
-    """
-    if dtype is None:
-        return None
-    try:
-        parsed = jnp.dtype(dtype)
-    except TypeError as e:
-        raise ValueError(f"`dtype` {dtype!r} is not a dtype ({e}); e.g. 'float32'.") from None
-    if not jnp.issubdtype(parsed, jnp.floating):
-        raise ValueError(
-            f"`dtype` must be a floating dtype such as 'float32' or 'bfloat16' (it casts "
-            f"floating arrays only), got {parsed.name!r}."
-        )
-    return parsed
-
-
-def cast_to(stored: np.dtype, dtype: np.dtype | None) -> np.dtype:
-    """The dtype a stored array is read as: ``dtype`` for floating arrays."""
-    return dtype if dtype is not None and jnp.issubdtype(stored, jnp.floating) else stored
 
 
 class LeafReader:
