@@ -1,5 +1,3 @@
-import dataclasses
-from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -11,24 +9,8 @@ from flax.core import FrozenDict
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from _trees import V, W, Block, Model
 from jaxshare import AliasMap, find_shared
-
-W = jnp.arange(12.0).reshape(3, 4)
-V = jnp.ones(5)
-
-
-class Block(NamedTuple):
-    kernel: object
-    bias: object
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Model:
-    embed: object
-    head: object
-    extra: object = None
-
 
 # (name, tree, expected alias map): containers x sharing shapes.
 CASES = [

@@ -1,7 +1,5 @@
 import copy
-import dataclasses
 from collections import OrderedDict, defaultdict
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -9,23 +7,8 @@ import numpy as np
 import pytest
 from flax.core import FrozenDict
 
+from _trees import V, W, Block, Model
 from jaxshare import AliasMap, dedupe, find_shared, retie
-
-W = jnp.arange(12.0).reshape(3, 4)
-V = jnp.ones(5)
-
-
-class Block(NamedTuple):
-    kernel: object
-    bias: object
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Model:
-    embed: object
-    head: object
-
 
 def leaves_by_path(tree):
     return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
