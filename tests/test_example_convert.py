@@ -5,23 +5,18 @@ Run in-process through its ``run`` function, and once as a script.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from _examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "convert_torch_checkpoint.py"
 
 
 def _load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convert_torch_checkpoint", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_example("convert_torch_checkpoint")
 
 
 def test_run_keeps_the_tie_and_the_outputs(tmp_path: Path) -> None:

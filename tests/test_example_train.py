@@ -7,7 +7,6 @@ identity`` to check its command line and the other kind of tie.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,18 +16,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_tied_lm.py"
 STEPS = 50
 
 
 def _load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_tied_lm", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_example("train_tied_lm")
 
 
 example = _load_example()
