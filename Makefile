@@ -1,36 +1,42 @@
 # Set-up is two commands: `make demo` and `make test`. Both create .venv on first use
-# and install the project with its extras under constraints.txt (the tested versions).
+# and install the project with its extras under constraints/test.txt (the tested versions).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # Tests and the demo see 8 fake CPU devices, so sharded code paths run everywhere.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+# Nothing is ever downloaded from a model hub, by tests or by the demo.
+export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test lint venv bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints/common.txt constraints/test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[torch,test]"
+	$(BIN)/python -m pip install --quiet -c constraints/test.txt -e ".[torch,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/jaxshare demo
 
-test: $(STAMP)
+# Lint, layering contract, then the whole suite (doctests, docs and README included).
+lint: $(STAMP)
 	$(BIN)/ruff check jaxshare bridge tests examples benchmarks
+	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest -q -n 2
 
-# Benchmarks compare against peers (transformers, deepspeed, accelerate) that live in
-# their own venv, so they never change the tested set in .venv.
+# Benchmarks compare against peers (transformers 4.57, deepspeed, accelerate) that live
+# in their own venv, so they never change the tested set in .venv.
 BENCH_VENV := .venv-bench
-$(BENCH_VENV)/.installed-stamp: pyproject.toml constraints.txt
+$(BENCH_VENV)/.installed-stamp: pyproject.toml constraints/common.txt constraints/bench.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	DS_BUILD_OPS=0 $(BENCH_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[torch,test,bench]"
+	DS_BUILD_OPS=0 $(BENCH_VENV)/bin/python -m pip install --quiet -c constraints/bench.txt -e ".[torch,test,bench]"
 	touch $@
 
 bench: $(BENCH_VENV)/.installed-stamp

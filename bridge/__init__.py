@@ -1,33 +1,29 @@
 """jaxshare's PyTorch bridge: tied weights across PyTorch and Flax, nothing lost.
 
 ``import bridge`` imports torch; ``import jaxshare`` never imports this package.
+The bridge builds on jaxshare's public API (``jaxshare``, ``jaxshare.formats``,
+``jaxshare.checkpoint``) and its declared-internal ``jaxshare.internal``.
 """
 
-from bridge._files import load_safetensors
-from bridge._files import load_torch
-from bridge._files import save_safetensors
-from bridge._inspect import inspect
 from bridge._names import DEFAULT_LAYERS
 from bridge._names import DEFAULT_RULES
 from bridge._names import Rule
 from bridge._names import Rules
-from bridge._orbax import convert_from_orbax
-from bridge._orbax import convert_to_orbax
+from bridge._safetensors import load_safetensors
+from bridge._safetensors import save_safetensors
 from bridge._shared import shared_params
 from bridge._to_flax import flax_alias_map
 from bridge._to_flax import to_flax
 from bridge._to_torch import to_torch
 from bridge._to_torch import torch_alias_map
+from bridge._torchfile import load_torch
 
 __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_RULES",
     "Rule",
     "Rules",
-    "convert_from_orbax",
-    "convert_to_orbax",
     "flax_alias_map",
-    "inspect",
     "load_safetensors",
     "load_torch",
     "save_safetensors",

@@ -14,9 +14,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from bridge._names import Rules, Target, TorchLeaf, candidates, module_variants
-from bridge._tensors import Perm
+from jaxshare.internal import Perm, permute_shape
 
-__all__ = ["Slot", "default_slot", "permuted", "place"]
+__all__ = ["Slot", "default_slot", "place"]
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,6 @@ class Slot:
     perm: Perm | None
     collection: bool = True
     linen: bool = False
-
-
-def permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    """``shape`` after ``transpose(perm)``.
-
-    >>> permuted((2, 3, 5), (2, 0, 1))
-    (5, 2, 3)
-    """
-    return tuple(shape) if perm is None else tuple(shape[i] for i in perm)
 
 
 def _slot(leaf: TorchLeaf, target: Target, module: tuple[str, ...], collection: bool) -> Slot:
@@ -91,7 +82,7 @@ def place(
                 shape = index.get(slot.path)
                 if shape is None:
                     continue
-                want = permuted(leaf.shape, slot.perm)
+                want = permute_shape(leaf.shape, slot.perm)
                 if tuple(shape) == want:
                     found = slot
                     break

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from bridge._tensors import Perm
+from jaxshare.internal import Perm
 
 __all__ = [
     "DEFAULT_LAYERS",

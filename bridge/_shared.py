@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from jaxshare._alias import AliasMap
+from jaxshare import AliasMap
+from jaxshare.internal import Perm
 
-__all__ = ["shared_params", "state_dict_of", "storage_key", "torch_aliases"]
+__all__ = ["memory_ties", "shared_params", "state_dict_of", "storage_key", "torch_aliases"]
 
 
 def storage_key(tensor: Any) -> Hashable | None:
@@ -130,3 +131,78 @@ def torch_aliases(aliases: Any, arg: str) -> AliasMap:
             f"`{arg}` must name PyTorch tensors ('a.b.weight'); {slashed[0]!r} is not one."
         )
     return aliases if isinstance(aliases, AliasMap) else AliasMap(aliases)
+
+
+def memory_ties(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, str], dict[str, Perm]]:
+    """``({alias: canonical}, {alias: permutation})`` of tensors over the same memory.
+
+    Same storage key: an identical alias. Same storage and offset, shape and
+    strides a permutation of an earlier tensor's: an alias with that permutation
+    (``to_torch`` gives such views). Any other overlap cannot be stored once.
+
+    Raises:
+      ValueError: two tensors overlap in memory without one being the other or
+        a permutation of it.
+
+    >>> w = torch.zeros(2, 3)
+    >>> memory_ties({"w": w, "w_t": w.t(), "v": w.view(2, 3)})
+    ({'v': 'w', 'w_t': 'w'}, {'w_t': (1, 0)})
+    """
+    aliases = shared_params(state)
+    transforms: dict[str, Perm] = {}
+    by_storage: dict[Hashable, list[str]] = {}
+    for name, t in state.items():
+        if name in aliases or not t.numel() or t.is_meta or t.layout != torch.strided:
+            continue  # Tied by identity only (see storage_key): shared_params found those.
+        by_storage.setdefault((t.untyped_storage().data_ptr(), t.device), []).append(name)
+    for names in by_storage.values():
+        kept: list[str] = []
+        for name in names:
+            t = state[name]
+            for other in kept:
+                perm = _permutation_of(state[other], t)
+                if perm is not None:
+                    aliases[name], transforms[name] = other, perm
+                    break
+                if _overlap(state[other], t):
+                    raise ValueError(
+                        f"{name!r} and {other!r} share memory but neither is the other or a "
+                        "permutation of it, so the file cannot store that memory once; "
+                        f"`.clone()` one of them (e.g. state_dict[{name!r}] = "
+                        f"state_dict[{name!r}].clone())."
+                    )
+            else:
+                kept.append(name)
+    return aliases, transforms
+
+
+def _permutation_of(base: torch.Tensor, t: torch.Tensor) -> Perm | None:
+    """``perm`` with ``t`` the very view ``base.permute(perm)``, if there is one."""
+    if (
+        t.dtype != base.dtype
+        or t.ndim != base.ndim
+        or t.storage_offset() != base.storage_offset()
+        or t.ndim < 2
+    ):
+        return None
+    free = list(range(base.ndim))
+    perm = []
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        j = next((j for j in free if (base.shape[j], base.stride(j)) == (size, stride)), None)
+        if j is None:
+            return None
+        free.remove(j)
+        perm.append(j)
+    return tuple(perm) if perm != list(range(t.ndim)) else None
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    size = t.element_size()
+    start = t.storage_offset() * size
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0) + 1
+    return start, start + span * size
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = _extent(a), _extent(b)
+    return a0 < b1 and b0 < a1

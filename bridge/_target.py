@@ -14,26 +14,9 @@ from typing import Any
 
 import jax
 
-from jaxshare._nnx import is_variable, variable_value
-from jaxshare._paths import keypath_to_path, render
+from jaxshare.internal import is_nnx_module, is_variable, keypath_to_path, render, variable_value
 
-__all__ = ["TargetTree", "is_nnx_module", "is_nnx_state", "target_tree"]
-
-
-def _nnx() -> Any | None:
-    from jaxshare._nnx import _nnx as loaded
-
-    return loaded()
-
-
-def is_nnx_module(x: Any) -> bool:
-    nnx = _nnx()
-    return nnx is not None and isinstance(x, nnx.Module)
-
-
-def is_nnx_state(x: Any) -> bool:
-    nnx = _nnx()
-    return nnx is not None and isinstance(x, nnx.State)
+__all__ = ["TargetTree", "target_tree"]
 
 
 def _placement(leaf: Any) -> Any:

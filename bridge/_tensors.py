@@ -22,9 +22,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from jaxshare.internal import Perm
+
 __all__ = [
-    "Perm",
-    "inverse",
     "numpy_dtype",
     "numpy_view",
     "parallel_map",
@@ -32,8 +32,6 @@ __all__ = [
     "to_array",
     "to_tensor",
 ]
-
-Perm = tuple[int, ...]
 
 # torch dtype -> numpy dtype of the same bits. Types numpy lacks come from ml_dtypes.
 _TO_NUMPY: dict[torch.dtype, np.dtype] = {
@@ -62,20 +60,6 @@ _EXOTIC = frozenset(
     np.dtype(d) for d in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
 )
 _WIDE = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})
-
-
-def inverse(perm: Perm | None) -> Perm | None:
-    """The permutation that undoes ``perm``.
-
-    >>> inverse((2, 0, 1)), inverse(None)
-    ((1, 2, 0), None)
-    """
-    if perm is None:
-        return None
-    out = [0] * len(perm)
-    for i, p in enumerate(perm):
-        out[p] = i
-    return tuple(out)
 
 
 def numpy_dtype(dtype: torch.dtype, key: str = "?") -> np.dtype:

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from jaxshare._alias import AliasMap, compose
-from jaxshare._progress import ProgressFn
 from bridge._match import Slot, default_slot, place
 from bridge._names import Rule, Rules, TorchLeaf, as_rules, layer_kind
 from bridge._shared import shared_params, state_dict_of, torch_aliases
 from bridge._target import TargetTree, target_tree
-from bridge._tensors import Perm, inverse, parallel_map, to_array
+from bridge._tensors import parallel_map, to_array
+from jaxshare import AliasMap, ProgressFn
+from jaxshare.internal import Perm, compose, inverse
 
 __all__ = [
     "RulesArg",
@@ -157,10 +157,11 @@ def _flax_arrays(
         return to_array(state[key], slot.perm, key=key, sharding=shardings.get(slot.path))
 
     out: dict[str, Any] = {}
-    for i, (key, array) in enumerate(zip(plan.stored, parallel_map(convert, plan.stored))):
+    arrays = parallel_map(convert, plan.stored)
+    for i, (key, array) in enumerate(zip(plan.stored, arrays, strict=True)):
         out[plan.slots[key].path] = array
         if progress is not None:
-            progress(i + 1, len(plan.stored), key)
+            progress(i + 1, len(plan.stored), key, int(array.nbytes))
     return out
 
 

@@ -16,19 +16,24 @@ from typing import Any
 
 import torch
 
-from jaxshare._alias import AliasMap, compose
-from jaxshare._find import find_shared
-from jaxshare._nnx import is_variable, variable_value
-from jaxshare._paths import render
-from jaxshare._progress import ProgressFn
-from jaxshare._tie import as_alias_map, dedupe
-from jaxshare._tied import Tied
-from bridge._match import permuted, place
+from bridge._match import place
 from bridge._names import Rules, as_rules, torch_name
 from bridge._shared import torch_aliases
-from bridge._target import is_nnx_module, is_nnx_state
-from bridge._tensors import Perm, inverse, parallel_map, to_tensor
+from bridge._tensors import parallel_map, to_tensor
 from bridge._to_flax import RulesArg, Source, torch_leaves
+from jaxshare import AliasMap, ProgressFn, Tied, dedupe, find_shared
+from jaxshare.internal import (
+    Perm,
+    as_alias_map,
+    compose,
+    inverse,
+    is_nnx_module,
+    is_nnx_state,
+    is_variable,
+    permute_shape,
+    render,
+    variable_value,
+)
 
 __all__ = ["to_torch", "torch_alias_map", "torch_conversion"]
 
@@ -156,7 +161,7 @@ def _plan_torch(
             ) from None
     for alias, canonical in amap.items():
         c = leaves[canonical]
-        shape = permuted(tuple(c.value.shape), amap.transform(alias))
+        shape = permute_shape(tuple(c.value.shape), amap.transform(alias))
         if alias not in leaves:
             parts = tuple(alias.split("/"))
             if c.parts != tuple(canonical.split("/")):  # The tree has collections.
@@ -229,10 +234,11 @@ def _torch_tensors(plan: _TorchPlan, progress: ProgressFn | None = None) -> dict
         return to_tensor(plan.leaves[path].value, source(path)[1], key=plan.names[path][0])
 
     by_path: dict[str, torch.Tensor] = {}
-    for done, (path, tensor) in enumerate(zip(stored, parallel_map(convert, stored)), 1):
+    tensors = parallel_map(convert, stored)
+    for done, (path, tensor) in enumerate(zip(stored, tensors, strict=True), 1):
         by_path[path] = made[source(path)] = tensor
         if progress is not None:
-            progress(done, len(plan.order), plan.names[path][0])
+            progress(done, len(plan.order), plan.names[path][0], _nbytes(tensor))
     for done, path in enumerate([p for p in plan.order if p in amap], len(stored) + 1):
         key = plan.names[path][0]
         stored_path, total = source(path)
@@ -246,8 +252,12 @@ def _torch_tensors(plan: _TorchPlan, progress: ProgressFn | None = None) -> dict
             made[stored_path, total] = tensor
         by_path[path] = tensor
         if progress is not None:
-            progress(done, len(plan.order), key)
+            progress(done, len(plan.order), key, _nbytes(tensor))
     return {plan.names[path][0]: by_path[path] for path in plan.order}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _apply_torch_map(out: dict[str, torch.Tensor], torch_map: AliasMap | None) -> None:

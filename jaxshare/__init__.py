@@ -1,36 +1,72 @@
 """jaxshare: find tied weights in JAX pytrees and NNX graphs, and keep them.
 
 The public API, re-exported here; each name lives in a private module with one
-concept. ``jaxshare.checkpoint`` (Orbax) is imported on first use, and nothing in
-``jaxshare`` imports torch.
+concept. Names are imported on first use, so ``import jaxshare`` (and the
+``jaxshare`` command's start-up) does not pay for JAX until it is needed;
+``jaxshare.checkpoint`` (Orbax) and ``jaxshare.formats`` are subpackages, and
+nothing in ``jaxshare`` imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import typing
 
-from jaxshare._alias import AliasMap
-from jaxshare._find import find_shared
-from jaxshare._tie import dedupe
-from jaxshare._tie import retie
-from jaxshare._tied import Tied
-from jaxshare._tied import tie
+from jaxshare._version import __version__
 
-__version__ = "0.1.0"
+if typing.TYPE_CHECKING:
+    from jaxshare import checkpoint as checkpoint
+    from jaxshare import formats as formats
+    from jaxshare._alias import AliasMap as AliasMap
+    from jaxshare._find import find_shared as find_shared
+    from jaxshare._progress import ProgressFn as ProgressFn
+    from jaxshare._report import ArrayInfo as ArrayInfo
+    from jaxshare._report import TieReport as TieReport
+    from jaxshare._tie import dedupe as dedupe
+    from jaxshare._tie import retie as retie
+    from jaxshare._tied import Tied as Tied
+    from jaxshare._tied import tie as tie
 
 __all__ = [
     "AliasMap",
+    "ArrayInfo",
+    "ProgressFn",
+    "TieReport",
     "Tied",
+    "__version__",
     "checkpoint",
     "dedupe",
     "find_shared",
+    "formats",
     "retie",
     "tie",
 ]
 
+# name -> the module that defines it (a subpackage stands for itself).
+_HOMES = {
+    "AliasMap": "jaxshare._alias",
+    "ArrayInfo": "jaxshare._report",
+    "ProgressFn": "jaxshare._progress",
+    "TieReport": "jaxshare._report",
+    "Tied": "jaxshare._tied",
+    "checkpoint": "jaxshare.checkpoint",
+    "dedupe": "jaxshare._tie",
+    "find_shared": "jaxshare._find",
+    "formats": "jaxshare.formats",
+    "retie": "jaxshare._tie",
+    "tie": "jaxshare._tied",
+}
 
-def __getattr__(name: str) -> Any:
-    if name == "checkpoint":  # Imports Orbax, which is slow: only when asked for.
-        return importlib.import_module("jaxshare.checkpoint")
-    raise AttributeError(f"module 'jaxshare' has no attribute {name!r}")
+
+def __getattr__(name: str) -> typing.Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'jaxshare' has no attribute {name!r}")
+    module = importlib.import_module(home)
+    value = module if home == f"jaxshare.{name}" else getattr(module, name)
+    globals()[name] = value  # Later look-ups skip this function.
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -13,15 +13,14 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["AliasMap", "FORMAT", "VERSION", "MAX_JSON_BYTES"]
+from jaxshare._perm import Perm, as_perm, compose
+
+__all__ = ["AliasMap", "FORMAT", "MAX_JSON_BYTES", "VERSION", "as_alias_map"]
 
 FORMAT = "jaxshare.alias_map"
 VERSION = 1
 #: ``from_json`` refuses larger input; a real alias map is a few kilobytes.
 MAX_JSON_BYTES = 16 * 2**20
-
-Perm = tuple[int, ...]
-
 
 def _check_path(value: Any, what: str) -> str:
     if not isinstance(value, str):
@@ -32,43 +31,6 @@ def _check_path(value: Any, what: str) -> str:
             "such as 'params/wte/embedding'."
         )
     return value
-
-
-def _check_perm(value: Any, alias: str) -> Perm | None:
-    """Validates one axis permutation; the identity is normalised to ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(
-            f"transform of alias {alias!r} must be a sequence of axis indices, "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    perm = tuple(value)
-    if any(type(i) is not int for i in perm) or sorted(perm) != list(range(len(perm))):
-        raise ValueError(
-            f"transform of alias {alias!r} must be a permutation of 0..n-1 (as for "
-            f"`jnp.transpose`), got {list(value)!r}."
-        )
-    return None if perm == tuple(range(len(perm))) else perm
-
-
-def compose(outer: Perm | None, inner: Perm | None, where: str = "") -> Perm | None:
-    """The permutation of ``transpose(transpose(x, inner), outer)`` as one transpose.
-
-    >>> compose((1, 0), (1, 0)) is None
-    True
-    """
-    if outer is None:
-        return inner
-    if inner is None:
-        return outer
-    if len(outer) != len(inner):
-        raise ValueError(
-            f"cannot compose transforms {list(outer)} and {list(inner)}{where}: they "
-            "permute a different number of axes."
-        )
-    perm = tuple(inner[i] for i in outer)
-    return None if perm == tuple(range(len(perm))) else perm
 
 
 class AliasMap(Mapping[str, str]):
@@ -123,7 +85,7 @@ class AliasMap(Mapping[str, str]):
                 raise ValueError(
                     f"`transforms` names {alias!r}, which is not an alias in this map."
                 )
-            perms[alias] = _check_perm(perm, alias)
+            perms[alias] = as_perm(perm, f"transform of alias {alias!r}")
 
         resolved: dict[str, str] = {}
         resolved_perms: dict[str, Perm] = {}
@@ -305,3 +267,22 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+def as_alias_map(alias_map: Mapping[str, str] | None, name: str = "alias_map") -> AliasMap:
+    """Accepts an ``AliasMap``, any ``{alias: canonical}`` mapping (DeepSpeed's
+    ``shared_params`` with ``'/'`` paths) or ``None`` (no ties).
+
+    >>> as_alias_map({"b": "a"})
+    AliasMap({'b': 'a'})
+    """
+    if alias_map is None:
+        return AliasMap()
+    if isinstance(alias_map, AliasMap):
+        return alias_map
+    if not isinstance(alias_map, Mapping):
+        raise TypeError(
+            f"`{name}` must be an AliasMap or a mapping of alias -> canonical paths, "
+            f"got {type(alias_map).__name__}."
+        )
+    return AliasMap(alias_map)

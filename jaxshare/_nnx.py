@@ -13,12 +13,22 @@ hold NNX objects otherwise, and ``import jaxshare`` stays light.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxshare._leafkey import KeyFn
 from jaxshare._paths import Path
 
-__all__ = ["is_nnx_root", "is_variable", "leaf_key", "variable_value", "walk"]
+if TYPE_CHECKING:
+    from jaxshare._leafkey import KeyFn
+
+__all__ = [
+    "is_module",
+    "is_nnx_root",
+    "is_state",
+    "is_variable",
+    "leaf_key",
+    "variable_value",
+    "walk",
+]
 
 
 def _nnx() -> Any | None:
@@ -47,8 +57,21 @@ def is_nnx_root(tree: Any) -> bool:
 
 
 def is_variable(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.Variable`` (``False`` when NNX was never imported)."""
     nnx = _nnx()
     return nnx is not None and isinstance(x, nnx.Variable)
+
+
+def is_module(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.Module``."""
+    nnx = _nnx()
+    return nnx is not None and isinstance(x, nnx.Module)
+
+
+def is_state(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.State``."""
+    nnx = _nnx()
+    return nnx is not None and isinstance(x, nnx.State)
 
 
 def variable_value(x: Any) -> Any:

@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
-
 __all__ = [
     "Path",
     "SEP",
@@ -33,17 +31,24 @@ Path = tuple[str | int, ...]
 SEP = "/"
 
 
+_GETTERS: dict[type, Callable[[Any], Any]] = {}
+
+
 def _part(key: Any) -> Any:
     """The raw key inside one ``jax.tree_util`` key entry."""
-    if isinstance(key, jax.tree_util.DictKey):
-        return key.key
-    if isinstance(key, jax.tree_util.SequenceKey):
-        return key.idx
-    if isinstance(key, jax.tree_util.GetAttrKey):
-        return key.name
-    if isinstance(key, jax.tree_util.FlattenedIndexKey):
-        return key.key
-    return key
+    if not _GETTERS:  # Filled on first use: rendering paths needs no JAX.
+        from jax import tree_util as tu
+
+        _GETTERS.update(
+            {
+                tu.DictKey: lambda k: k.key,
+                tu.SequenceKey: lambda k: k.idx,
+                tu.GetAttrKey: lambda k: k.name,
+                tu.FlattenedIndexKey: lambda k: k.key,
+            }
+        )
+    getter = _GETTERS.get(type(key))
+    return key if getter is None else getter(key)
 
 
 def keypath_to_path(keypath: tuple[Any, ...]) -> Path:
@@ -100,6 +105,8 @@ def flatten_with_paths(
     tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None
 ) -> list[tuple[Path, Any]]:
     """Flattens ``tree`` into ``(path, leaf)`` pairs in ``jax.tree_util`` order."""
+    import jax
+
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
     return [(keypath_to_path(kp), leaf) for kp, leaf in leaves]
 
@@ -118,6 +125,8 @@ def children(node: Any) -> list[tuple[str | int, Any]] | None:
     """
     if isinstance(node, Mapping):
         return list(node.items())
+    import jax
+
     flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if len(flat) == 1 and not flat[0][0]:
         return None

@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from jaxshare._alias import AliasMap
+from jaxshare._dtype import numpy_dtype
+from jaxshare._perm import Perm, permute_shape
 
 __all__ = ["ArrayInfo", "TieReport", "format_bytes"]
 
@@ -29,21 +29,11 @@ class ArrayInfo:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _itemsize(self.dtype)
+        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
 
-    def permuted(self, perm: tuple[int, ...] | None) -> ArrayInfo:
-        if perm is None:
-            return self
-        return ArrayInfo(tuple(self.shape[i] for i in perm), self.dtype)
-
-
-def _itemsize(dtype: str) -> int:
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        import ml_dtypes  # bfloat16, float8_*: numpy learns their names from ml_dtypes.
-
-        return np.dtype(getattr(ml_dtypes, dtype)).itemsize
+    def permuted(self, perm: Perm | None) -> ArrayInfo:
+        """The info of this array transposed by ``perm``."""
+        return self if perm is None else ArrayInfo(permute_shape(self.shape, perm), self.dtype)
 
 
 def format_bytes(n: int) -> str:
@@ -72,6 +62,11 @@ class TieReport:
       written_out: aliases the item also stores as arrays of their own (a
         consolidated ``.safetensors`` does, for readers that know no ties);
         their bytes count as stored.
+      origins: ``{alias: where the tie comes from}``, e.g. ``"metadata"`` (the
+        file records it), ``"storage"`` (tensors over one memory),
+        ``"config.json"`` (a Hugging Face config ties it); unnamed aliases get
+        ``"alias map"``.
+      parts: the files the item is made of (shards), one line each.
 
     >>> r = TieReport("ckpt", "orbax", {"wte": ArrayInfo((4, 2), "float32")},
     ...               AliasMap({"head": "wte"}, transforms={"head": (1, 0)}))
@@ -84,6 +79,8 @@ class TieReport:
     stored: Mapping[str, ArrayInfo]
     alias_map: AliasMap
     written_out: frozenset[str] = frozenset()
+    origins: Mapping[str, str] = field(default_factory=dict)
+    parts: tuple[str, ...] = ()
     arrays: Mapping[str, ArrayInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +111,10 @@ class TieReport:
     def bytes_saved(self) -> int:
         return self.bytes_total - self.bytes_stored
 
+    def origin(self, alias: str) -> str:
+        """Where the tie of ``alias`` comes from (see ``origins``)."""
+        return self.origins.get(alias, "alias map")
+
     def to_dict(self) -> dict:
         groups = []
         for canonical, aliases in self.alias_map.groups().items():
@@ -126,9 +127,11 @@ class TieReport:
                             "path": a,
                             "permute": list(p) if (p := self.alias_map.transform(a)) else None,
                             "written_out": a in self.written_out,
+                            "origin": self.origin(a),
                         }
                         for a in aliases
                     ],
+                    "origins": sorted({self.origin(a) for a in aliases}),
                     "shape": list(info.shape),
                     "dtype": info.dtype,
                     "bytes_each": info.nbytes,
@@ -137,6 +140,7 @@ class TieReport:
         return {
             "source": self.source,
             "kind": self.kind,
+            "parts": list(self.parts),
             "arrays": len(self.arrays),
             "stored_arrays": len(self.stored),
             "bytes_stored": self.bytes_stored,
@@ -148,33 +152,3 @@ class TieReport:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-    def format_table(self) -> str:
-        """A human-readable summary: one row per tie group, then the byte counts."""
-        lines = [f"{self.source} ({self.kind}): {len(self.arrays)} arrays, {len(self.stored)} stored"]
-        groups = self.alias_map.groups()
-        if not groups:
-            lines.append("no ties")
-        else:
-            rows = [("canonical", "aliases", "shape", "dtype", "bytes each")]
-            for canonical, aliases in groups.items():
-                info = self.stored[canonical]
-                shown = ", ".join(
-                    a
-                    + (f" (permute {list(p)})" if (p := self.alias_map.transform(a)) else "")
-                    + (" (written out)" if a in self.written_out else "")
-                    for a in aliases
-                )
-                rows.append(
-                    (canonical, shown, str(info.shape), info.dtype, format_bytes(info.nbytes))
-                )
-            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            for n, row in enumerate(rows):
-                lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-                if n == 0:
-                    lines.append("  ".join("-" * w for w in widths))
-        lines.append(
-            f"bytes stored: {format_bytes(self.bytes_stored)}   with aliases written out: "
-            f"{format_bytes(self.bytes_total)}   saved by dedupe: {format_bytes(self.bytes_saved)}"
-        )
-        return "\n".join(lines)

@@ -7,58 +7,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxshare import _nnx
-from jaxshare._alias import AliasMap, Perm
+from jaxshare._alias import AliasMap, as_alias_map
 from jaxshare._edit import DROP, Absent, Put, edit_paths, get_paths
 from jaxshare._find import find_shared
 from jaxshare._leafkey import By, is_array
+from jaxshare._perm import Perm, transpose
 
-__all__ = ["dedupe", "retie", "as_alias_map", "apply_transform"]
+__all__ = ["dedupe", "retie"]
 
 IsLeaf = Callable[[Any], bool] | None
-
-
-def as_alias_map(alias_map: Mapping[str, str] | None, name: str = "alias_map") -> AliasMap:
-    """Accepts an ``AliasMap`` or any ``{alias: canonical}`` mapping (DeepSpeed's
-    ``shared_params`` with ``'/'`` paths)."""
-    if alias_map is None or isinstance(alias_map, AliasMap):
-        return alias_map if alias_map is not None else AliasMap()
-    if not isinstance(alias_map, Mapping):
-        raise TypeError(
-            f"`{name}` must be an AliasMap or a mapping of alias -> canonical paths, "
-            f"got {type(alias_map).__name__}."
-        )
-    return AliasMap(alias_map)
-
-
-def apply_transform(x: Any, perm: Perm | None, alias: str = "?") -> Any:
-    """``x`` as the alias holds it: itself, or ``transpose(x, perm)``.
-
-    A ``jax.ShapeDtypeStruct`` (a restore target) is permuted abstractly; its
-    sharding is dropped, as it does not carry over to the transposed layout.
-    """
-    if perm is None:
-        return x
-    if isinstance(x, jax.ShapeDtypeStruct):
-        if len(x.shape) != len(perm):
-            raise ValueError(
-                f"alias {alias!r} has transform {list(perm)} for {len(perm)} axes, but its "
-                f"canonical has shape {tuple(x.shape)}."
-            )
-        return jax.ShapeDtypeStruct(tuple(x.shape[i] for i in perm), x.dtype)
-    if _nnx.is_variable(x) or not is_array(x):
-        raise TypeError(
-            f"alias {alias!r} has transform {list(perm)}, which applies to arrays; "
-            f"its canonical is a {type(x).__name__}."
-        )
-    if x.ndim != len(perm):
-        raise ValueError(
-            f"alias {alias!r} has transform {list(perm)} for {len(perm)} axes, but its "
-            f"canonical has shape {tuple(x.shape)}."
-        )
-    return np.transpose(x, perm) if isinstance(x, np.ndarray) else jnp.transpose(x, perm)
 
 
 def _read(tree: Any, amap: AliasMap, is_leaf: IsLeaf, arg: str) -> dict[str, Any]:
@@ -163,7 +122,7 @@ def _mismatch(alias: Any, canonical: Any, perm: Perm | None, path: str) -> str |
             "same object"
         )
     try:
-        expected = apply_transform(c, perm, path)
+        expected = transpose(c, perm, f"alias {path!r}")
     except (TypeError, ValueError) as e:
         return str(e)
     if tuple(a.shape) != tuple(expected.shape) or a.dtype != expected.dtype:
@@ -222,8 +181,8 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
             elif (canonical, perm) in transformed:
                 value = transformed[canonical, perm]
             else:
-                value = transformed[canonical, perm] = apply_transform(
-                    found[canonical], perm, alias
+                value = transformed[canonical, perm] = transpose(
+                    found[canonical], perm, f"alias {alias!r}"
                 )
         except (TypeError, ValueError) as e:
             problems.append(str(e))

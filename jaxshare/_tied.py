@@ -14,10 +14,10 @@ from typing import Any
 
 import jax
 
-from jaxshare._alias import AliasMap
+from jaxshare._alias import AliasMap, as_alias_map
 from jaxshare._edit import Absent, get_paths
 from jaxshare._leafkey import By
-from jaxshare._tie import as_alias_map, dedupe, retie
+from jaxshare._tie import dedupe, retie
 
 __all__ = ["Tied", "tie"]
 

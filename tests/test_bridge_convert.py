@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from _bridge_strategies import assert_same_state, tied_state_dicts
 from flax import linen as nn
 from flax import nnx
 from flax.core import FrozenDict
@@ -13,9 +14,8 @@ from hypothesis import given
 from torch import nn as tnn
 
 import jaxshare
-from jaxshare import AliasMap
-from _bridge_strategies import assert_same_state, tied_state_dicts
 from bridge import flax_alias_map, shared_params, to_flax, to_torch, torch_alias_map
+from jaxshare import AliasMap
 
 
 class TiedLM(tnn.Module):

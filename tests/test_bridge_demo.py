@@ -1,6 +1,6 @@
 """The PyTorch part of ``jaxshare demo`` tells its story with the right answers."""
 
-from bridge._demo import demo_story
+from jaxshare.cli._demo_torch import demo_story
 
 
 def test_demo_story(tmp_path):

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from _bridge_strategies import assert_same_state, tied_state_dicts
 from hypothesis import given
 from torch import nn
 
-from _bridge_strategies import assert_same_state, tied_state_dicts
-
+from bridge import load_safetensors, load_torch, save_safetensors, shared_params, to_torch
+from jaxshare.cli._inspect import inspect
+from jaxshare.formats import ALIAS_MAP_KEY as METADATA_KEY
 from jaxshare import AliasMap
-from bridge import inspect, load_safetensors, load_torch, save_safetensors, shared_params, to_torch
-from bridge._files import METADATA_KEY
 
 
 def tied_state() -> dict[str, torch.Tensor]:
@@ -108,7 +108,7 @@ def _write_with_metadata(path, tensors, metadata):
 @pytest.mark.parametrize(
     "tensors, aliases, match",
     [
-        ({"a": torch.ones(2)}, {"b": "c"}, r"names canonical\(s\) \['c'\] that the file does not store"),
+        ({"a": torch.ones(2)}, {"b": "c"}, r"alias 'b' names canonical 'c', which the file does not store"),
         ({"a": torch.ones(2), "b": torch.zeros(2)}, {"b": "a"}, "stores 'b', which its metadata ties to 'a', with different values"),
         ({"a": torch.ones(2)}, None, "is invalid"),
     ],
@@ -226,18 +226,23 @@ def test_what_is_not_a_state_dict_is_named(tmp_path, obj, match):
 # -- inspect -----------------------------------------------------------------------------
 
 
-def test_inspect_reads_a_safetensors_header_without_the_tensors(tmp_path):
+def test_inspect_reads_a_safetensors_header_and_checks_it_against_the_file(tmp_path):
     state = tied_state()
     path = tmp_path / "m.safetensors"
     save_safetensors(state, path)
-    with open(path, "r+b") as f:  # cut the data off: only the header is left to read
+    with open(path, "r+b") as f:  # zero the data: the report comes from the header alone
         (size,) = struct.unpack("<Q", f.read(8))
-        f.truncate(8 + size)
+        f.seek(8 + size)
+        f.write(bytes(path.stat().st_size - 8 - size))
     report = inspect(path)
     assert report.kind == "safetensors"
     assert report.alias_map == shared_params(state)
     assert report.bytes_saved == 2 * state["wte.weight"].nbytes
     assert report.arrays["lm_head.weight"].dtype == "bfloat16"
+    with open(path, "r+b") as f:  # a truncated file is named as one, not reported
+        f.truncate(8 + size)
+    with pytest.raises(ValueError, match="the file is truncated"):
+        inspect(path)
 
 
 def test_inspect_a_torch_file(tmp_path):
@@ -249,7 +254,8 @@ def test_inspect_a_torch_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, match", [(b"abc", "shorter than 8 bytes"), (struct.pack("<Q", 10**12), "header size"),
+    "content, match", [(b"abc", "fewer than the 8 of a header size"),
+                       (struct.pack("<Q", 10**12), "header size"),
                        (struct.pack("<Q", 3) + b"{x}", "header is not JSON")]
 )
 def test_inspect_names_a_broken_safetensors_file(tmp_path, content, match):

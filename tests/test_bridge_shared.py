@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bridge import shared_params
-from bridge._deepspeed import deepspeed_shared_params
+from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 from bridge._shared import storage_key
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxshare.checkpoint._demo import demo_story
+from jaxshare.cli._demo_checkpoint import demo_story
 
 
 def test_demo_story(tmp_path: Path) -> None:

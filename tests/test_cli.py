@@ -29,9 +29,7 @@ def test_console_script_entry_point():
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["inspect", "/no/such/path"], "no such file or directory"),
         (["inspect", "{tmp}/notes.txt"], "expected an Orbax checkpoint directory or a weights file"),
-        (["convert", "/no/such/dir", "{tmp}/x.safetensors"], "no such file or directory"),
         (["convert", "{tmp}", "{tmp}/out.npz"], "give it one of the suffixes"),
         (["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"], "Flax names are written to .safetensors only"),
     ],
@@ -41,3 +39,13 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv", [["inspect", "/no/such/path"], ["convert", "/no/such/dir", "{tmp}/x.safetensors"]]
+)
+def test_a_missing_input_exits_1_with_one_line(tmp_path, capsys, argv):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert "no such file or directory" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

@@ -29,7 +29,10 @@ def test_inspect_prints_the_tie_table(ckpt: Path, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert f"{ckpt} (orbax): 3 arrays, 2 stored" in out
     row = next(line for line in out.splitlines() if line.startswith("lm_head/kernel"))
-    assert row.split() == ["lm_head/kernel", "wte/embedding", "(50,", "8)", "bfloat16", "800", "B"]
+    assert row.split() == [
+        "lm_head/kernel", "wte/embedding", "jaxshare_alias_map.json", "(50,", "8)", "bfloat16",
+        "800", "B",
+    ]
     assert "saved by dedupe: 800 B" in out
 
 
@@ -44,7 +47,10 @@ def test_inspect_json(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     [group] = report["tie_groups"]
     assert group["canonical"] == "lm_head/kernel"
-    assert group["aliases"] == [{"path": "wte/embedding", "permute": None, "written_out": False}]
+    assert group["aliases"] == [
+        {"path": "wte/embedding", "permute": None, "written_out": False,
+         "origin": "jaxshare_alias_map.json"}
+    ]
     assert report["alias_map"]["aliases"] == {"wte/embedding": "lm_head/kernel"}
 
 
@@ -55,7 +61,7 @@ def test_convert_to_safetensors_with_a_cast(
     assert main(["convert", str(ckpt), str(out), "--dtype", "float32"]) == 0
     captured = capsys.readouterr()
     assert f"wrote {out}" in captured.out
-    assert "3/3" in captured.err  # The progress bar's last line.
+    assert "3 tensors" in captured.err  # The progress summary (stderr is no terminal).
     tensors = load_file(out)
     assert sorted(tensors) == ["lm_head/kernel", "ln_f/scale", "wte/embedding"]
     assert tensors["wte/embedding"].dtype == np.float32
@@ -66,7 +72,7 @@ def test_convert_to_safetensors_with_a_cast(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["convert", "{ckpt}", "{tmp}/exists.safetensors"], "already exists; pass `force=True`"),
+        (["convert", "{ckpt}", "{tmp}/exists.safetensors"], "already exists; pass --force"),
         (
             ["convert", "{ckpt}", "{tmp}/x.safetensors", "--dtype", "int8"],
             "must be a floating dtype",

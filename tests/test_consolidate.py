@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from safetensors import safe_open
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
@@ -133,18 +133,27 @@ def test_safetensors_keeps_bfloat16_without_a_cast(ckpt: Path) -> None:
 
 def test_safetensors_refuses_to_overwrite_unless_forced(ckpt: Path) -> None:
     out = ckpt.parent / "model.safetensors"
-    out.write_text("keep me")
+    save_file({"old": np.zeros(2, np.float32)}, out)
+    before = out.read_bytes()
     with pytest.raises(FileExistsError, match=re.escape(str(out)) + ".*force=True"):
         jc.consolidate_to_safetensors(ckpt, out)
-    assert out.read_text() == "keep me"
+    assert out.read_bytes() == before
     jc.consolidate_to_safetensors(ckpt, out, force=True)
     assert len(load_file(out)) == 9
+
+
+def test_force_replaces_only_a_safetensors_file(ckpt: Path) -> None:
+    out = ckpt.parent / "notes.safetensors"
+    out.write_text("keep me")
+    with pytest.raises(ValueError, match="it is a file of 7 bytes, not a .safetensors file"):
+        jc.consolidate_to_safetensors(ckpt, out, force=True)
+    assert out.read_text() == "keep me"
 
 
 def test_a_failure_mid_stream_leaves_no_file(ckpt: Path) -> None:
     out = ckpt.parent / "model.safetensors"
 
-    def fail_at_third(done: int, total: int, name: str) -> None:
+    def fail_at_third(done: int, total: int, name: str, nbytes: int) -> None:
         if done == 3:
             raise KeyboardInterrupt
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
 from _examples import load_example
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "convert_torch_checkpoint.py"

@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _trees import Block, Model, V, W
 from flax.core import FrozenDict
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from _trees import V, W, Block, Model
 from jaxshare import AliasMap, find_shared
 
 # (name, tree, expected alias map): containers x sharing shapes.

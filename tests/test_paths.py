@@ -4,8 +4,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import pytest
-from flax.core import FrozenDict
 from flax import traverse_util
+from flax.core import FrozenDict
 
 from jaxshare._paths import children, flatten_with_paths, keypath_to_path, render, split
 

@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _trees import Block, Model, V, W
 from flax.core import FrozenDict
 
-from _trees import V, W, Block, Model
 from jaxshare import AliasMap, dedupe, find_shared, retie
+
 
 def leaves_by_path(tree):
     return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}

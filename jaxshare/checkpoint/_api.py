@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from jaxshare._alias import AliasMap
+from jaxshare._output import atomic_output
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
-from jaxshare.checkpoint._layout import find_item
+from jaxshare.checkpoint._layout import ITEM, find_item
 
 __all__ = ["save", "restore", "read_alias_map"]
 
 
-def save(directory: str | os.PathLike, item: Any, /, *, force: bool = False) -> None:
+def save(
+    directory: str | os.PathLike,
+    item: Any,
+    /,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> None:
     """Saves ``item`` (a tree or a ``jaxshare.Tied``) with each tie stored once.
 
-    The write is atomic: Orbax writes into a temporary directory and renames it
-    to ``directory`` when everything, alias map included, is on disk. In a
-    multi-process job every process calls ``save``; they check that they found
-    the same ties.
+    The write is atomic: the item is written beside ``directory`` under a
+    temporary name and renamed into place when everything, alias map included,
+    is on disk; with ``force`` an existing item is replaced only then, so a
+    failed save leaves it intact. In a multi-process job every process calls
+    ``save``; they check that they found the same ties.
 
     Args:
       directory: the item directory to create.
@@ -30,11 +44,15 @@ def save(directory: str | os.PathLike, item: Any, /, *, force: bool = False) -> 
         map; in any other tree, the ties are those of every ``Tied`` in it
         (e.g. a train state's params and optimizer moments) plus the leaves
         that are one array object (:func:`jaxshare.find_shared`).
-      force: replace ``directory`` if it exists.
+      force: replace ``directory`` if it is a checkpoint item already (never a
+        directory of other files).
+      inputs: paths ``item`` was read from; ``directory`` may be none of them.
 
     Raises:
       FileExistsError: ``directory`` exists and ``force`` is false.
-      ValueError: the processes of a multi-process job found different ties.
+      NotADirectoryError: a parent of ``directory`` is a file.
+      ValueError: ``directory`` holds something that is not a checkpoint item, or
+        is an input; the processes of a multi-process job found different ties.
 
     >>> import tempfile, jax.numpy as jnp
     >>> emb = jnp.arange(6.0).reshape(3, 2)
@@ -46,13 +64,26 @@ def save(directory: str | os.PathLike, item: Any, /, *, force: bool = False) -> 
     >>> restored["wte"]["embedding"] is restored["head"]["kernel"]
     True
     """
-    path = Path(directory)
-    if path.exists() and not force:
-        raise FileExistsError(
-            f"{path} already exists; pass `force=True` to replace it, or save to a new directory."
-        )
-    with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
-        checkpointer.save(path.absolute(), args=SharedSave(item), force=force)
+    path = Path(directory).absolute()  # Orbax and TensorStore take absolute paths.
+    processes = jax.process_count()
+    primary = jax.process_index() == 0
+    with atomic_output(
+        path, ITEM, force=force, inputs=inputs, token=_shared_token(), commit=primary
+    ) as tmp:
+        with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
+            checkpointer.save(tmp, args=SharedSave(item))
+    if processes > 1:  # Every process returns once the item is in place.
+        multihost_utils.sync_global_devices(f"jaxshare.checkpoint.save:{path}")
+
+
+def _shared_token() -> str | None:
+    """In a multi-process job, the temporary name every process writes to (the
+    primary's choice); ``None`` in a single process."""
+    if jax.process_count() == 1:
+        return None
+    mine = np.frombuffer(f"{os.getpid():010d}{secrets.token_hex(3)}".encode(), np.uint8)
+    agreed = np.asarray(multihost_utils.broadcast_one_to_all(mine)).astype(np.uint8).tobytes()
+    return f"{int(agreed[:10])}-{agreed[10:].decode()}"
 
 
 def restore(directory: str | os.PathLike, target: Any = None) -> Any:

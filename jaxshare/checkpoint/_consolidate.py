@@ -8,24 +8,20 @@ memory holds nothing of the model; the streaming variant writes a
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from jaxshare._alias import AliasMap, Perm
+from jaxshare._alias import AliasMap
+from jaxshare._dtype import cast_to, float_dtype, numpy_dtype
+from jaxshare._perm import Perm
 from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._layout import find_item
-from jaxshare._dtype import cast_to, float_dtype
 from jaxshare.checkpoint._read import LeafReader
-from jaxshare.checkpoint._safetensors import TensorSpec, stream_safetensors
+from jaxshare.formats import ALIAS_MAP_KEY, TensorSpec, write_safetensors
 
-__all__ = ["consolidate", "consolidate_to_safetensors", "ALIAS_MAP_METADATA_KEY"]
-
-#: Key of the alias map JSON in the ``.safetensors`` metadata.
-ALIAS_MAP_METADATA_KEY = "jaxshare.alias_map"
+__all__ = ["consolidate", "consolidate_to_safetensors"]
 
 
 def consolidate(directory: str | os.PathLike, *, dtype: Any = None) -> dict[str, np.ndarray]:
@@ -92,7 +88,7 @@ def consolidate_to_safetensors(
       path: the ``.safetensors`` file to write.
       dtype: cast floating arrays to this floating dtype, e.g. ``"float32"``.
       force: replace ``path`` if it exists.
-      progress: called as ``progress(done, total, name)`` after each tensor.
+      progress: called as ``progress(done, total, name, nbytes)`` after each tensor.
 
     Raises:
       FileExistsError: ``path`` exists and ``force`` is false.
@@ -116,17 +112,18 @@ def consolidate_to_safetensors(
         TensorSpec(
             name,
             item.stored[canonical].permuted(perm).shape,
-            cast_to(jnp.dtype(item.stored[canonical].dtype), cast),
+            cast_to(numpy_dtype(item.stored[canonical].dtype), cast),
         )
         for name, (canonical, perm) in sources.items()
     ]
-    metadata = {ALIAS_MAP_METADATA_KEY: amap.to_json()}
+    metadata = {ALIAS_MAP_KEY: amap.to_json()}
     reader = LeafReader(item, dtype=cast)
-    with stream_safetensors(Path(path), specs, metadata, force=force) as write:
-        for done, (name, (canonical, perm)) in enumerate(sources.items(), start=1):
+    with write_safetensors(path, specs, metadata, force=force, inputs=[item.directory]) as write:
+        pairs = zip(specs, sources.values(), strict=True)
+        for done, (spec, (canonical, perm)) in enumerate(pairs, start=1):
             write(reader.blocks(canonical, perm))
             if progress is not None:
-                progress(done, len(specs), name)
+                progress(done, len(specs), spec.name, spec.nbytes)
 
 
 def _source(amap: AliasMap, name: str) -> tuple[str, Perm | None]:

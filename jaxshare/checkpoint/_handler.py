@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxshare._alias import AliasMap
+from jaxshare._output import destination_of
 from jaxshare._tie import dedupe
 from jaxshare._tied import Tied
 from jaxshare.checkpoint._agree import check_same_on_all_processes
@@ -159,8 +160,8 @@ def write_alias_map(directory: epath.Path, text: str) -> None:
 
 
 def _final_path(directory: epath.Path) -> str:
-    """``directory`` as users named it: without Orbax's temporary-directory suffix."""
-    return re.sub(r"\.orbax-checkpoint-tmp[^/]*", "", str(directory))
+    """``directory`` as users named it: without Orbax's or jaxshare's temporary names."""
+    return destination_of(re.sub(r"\.orbax-checkpoint-tmp[^/]*", "", str(directory)))
 
 
 def _split(item: Any) -> tuple[Any, AliasMap]:

@@ -6,7 +6,7 @@ import os
 
 from jaxshare._report import TieReport
 from jaxshare.checkpoint._item import open_item
-from jaxshare.checkpoint._layout import find_item
+from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, find_item
 
 __all__ = ["inspect"]
 
@@ -26,4 +26,5 @@ def inspect(directory: str | os.PathLike) -> TieReport:
     (AliasMap({'wte': 'head'}), 32, 32)
     """
     item = open_item(find_item(directory))
-    return TieReport(str(item.directory), "orbax", item.stored, item.alias_map)
+    origins = dict.fromkeys(item.alias_map, ALIAS_MAP_FILE)
+    return TieReport(str(item.directory), "orbax", item.stored, item.alias_map, origins=origins)

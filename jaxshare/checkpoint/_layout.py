@@ -16,7 +16,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ALIAS_MAP_FILE", "EMPTY_ARRAYS_KEY", "ORBAX_METADATA_FILE", "find_item", "is_item"]
+from jaxshare._output import OutputKind
+
+__all__ = [
+    "ALIAS_MAP_FILE",
+    "EMPTY_ARRAYS_KEY",
+    "ITEM",
+    "ORBAX_METADATA_FILE",
+    "find_item",
+    "is_item",
+]
 
 ALIAS_MAP_FILE = "jaxshare_alias_map.json"
 EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
@@ -27,6 +36,11 @@ ORBAX_METADATA_FILE = "_METADATA"
 def is_item(path: Path) -> bool:
     """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare item."""
     return (path / ORBAX_METADATA_FILE).is_file() or (path / ALIAS_MAP_FILE).is_file()
+
+
+#: A checkpoint item output: ``force`` replaces only an Orbax PyTree item or a
+#: jaxshare item, never a directory of other files.
+ITEM = OutputKind("an Orbax checkpoint item", True, lambda p: p.is_dir() and is_item(p))
 
 
 def find_item(directory: str | os.PathLike) -> Path:

@@ -20,9 +20,9 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from jaxshare._alias import Perm
 from jaxshare._dtype import cast_to
 from jaxshare._paths import flatten_with_paths, render
+from jaxshare._perm import Perm
 from jaxshare.checkpoint._item import StoredItem
 
 __all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader"]

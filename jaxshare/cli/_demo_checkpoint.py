@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from jaxshare._alias import AliasMap
-from jaxshare._tied import Tied, tie
-from jaxshare.checkpoint._handler import SharedRestore, SharedSave
-from jaxshare.checkpoint._inspect import inspect
+from jaxshare import AliasMap, Tied, tie
+from jaxshare.checkpoint import SharedRestore, SharedSave, inspect
+from jaxshare.cli._render import print_report
 
 __all__ = ["demo_story"]
 
@@ -77,4 +76,25 @@ def demo_story(workdir: pathlib.Path, say: Callable[[str], None]) -> None:
     plain = ocp.StandardCheckpointer().restore(item)
     say(f"plain Orbax reads the item as the unique tree: {sorted(plain['params'])}")
     say(f"$ jaxshare inspect {item}")
-    say(inspect(item).format_table())
+    print_report(inspect(item), _Say(say))
+
+
+class _Say:
+    """A text stream that hands complete lines to ``say``."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._pending + text).split("\n")
+        self._pending = lines.pop()
+        for line in lines:
+            self._say(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False

@@ -18,11 +18,8 @@ import numpy as np
 import torch
 from flax import linen as nn
 
-from bridge._to_flax import to_flax
-from bridge._to_torch import to_torch
-from bridge._deepspeed import deepspeed_shared_params
-from bridge._files import load_safetensors, save_safetensors
-from bridge._shared import shared_params
+from bridge import load_safetensors, save_safetensors, shared_params, to_flax, to_torch
+from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 
 __all__ = ["FlaxLM", "TorchLM", "demo_story"]
 
@@ -104,7 +101,7 @@ def demo_story(workdir: Path, say: Callable[[str], None]) -> None:
     torch.save({k: v.clone() for k, v in state.items()}, twice)
     say(f"torch.save stores the tie once: {once.tell()} bytes ({twice.tell()} untied)")
     path = workdir / "tiny_lm.safetensors"
-    save_safetensors(state, path)
+    save_safetensors(state, path, force=True)
     loaded = load_safetensors(path)
     tied = loaded["lm_head.weight"] is loaded["wte.weight"]
     say(f"{path.name}: lm_head.weight re-tied on load: {tied}")

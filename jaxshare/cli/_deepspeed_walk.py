@@ -5,7 +5,8 @@ This is a faithful restatement of ``DeepSpeedEngine._get_shared_params``
 engine: parameters only, ``named_parameters(recurse=False)`` and
 ``named_children()`` (both skip duplicates), keyed by ``data_ptr()`` -- or
 ``ds_id`` when the model is partitioned by ZeRO-3. The demo and the tests set it
-beside :func:`bridge.shared_params`; the benchmark measures the real one.
+beside :func:`bridge.shared_params`; the benchmark measures the real one. (It
+lives with the demo, the one place that runs it.)
 """
 
 from __future__ import annotations

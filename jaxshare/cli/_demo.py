@@ -22,9 +22,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxshare._alias import AliasMap
-from jaxshare._find import find_shared
-from jaxshare._tied import Tied, tie
+from jaxshare import AliasMap, Tied, find_shared, tie
 
 __all__ = ["run", "core_story", "tiny_lm"]
 
@@ -100,7 +98,7 @@ def core_story(say: Callable[[str], None]) -> Tied:
     donating = jax.jit(step.__wrapped__, donate_argnums=0)
     tokens = jnp.arange(64) % VOCAB
     first = None
-    for i in range(60):
+    for _ in range(60):
         params, loss = donating(params, tokens)
         first = float(loss) if first is None else first
     retied = params.tree["params"]
@@ -116,13 +114,13 @@ def run(workdir: str | Path | None = None, say: Callable[[str], None] = print) -
         root = Path(workdir) if workdir is not None else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         core_story(say)
-        from jaxshare.checkpoint._demo import demo_story as checkpoint_story
+        from jaxshare.cli._demo_checkpoint import demo_story as checkpoint_story
 
         say("\n== 3. Orbax checkpoints that keep ties ==")
         checkpoint_story(root / "checkpoint", say)
         say("\n== 4. PyTorch <-> Flax with ties kept ==")
         try:
-            from bridge._demo import demo_story as torch_story
+            from jaxshare.cli._demo_torch import demo_story as torch_story
         except ModuleNotFoundError as e:
             if e.name != "torch":
                 raise

@@ -1,0 +1,131 @@
+"""The ``jaxshare`` command: ``inspect``, ``convert``, ``demo``.
+
+The top layer: it parses arguments, picks the reader and writer for each path
+and prints. Only the standard library is imported at start-up, so ``--help``
+is instant; each command imports what it needs (JAX and Orbax for checkpoints,
+torch only for PyTorch files).
+
+Every failure the user can fix is one line on stderr: exit status 2 for a
+usage error, 1 for bad input or a failed write. No input is ever modified and
+no partial output is left behind (see ``jaxshare._output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["CLIError", "build_parser", "main"]
+
+
+class CLIError(Exception):
+    """A usage error: printed as one line, exit status 2."""
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from jaxshare.cli._inspect import inspect
+
+    report = inspect(args.path)
+    if args.json:
+        print(report.to_json())
+    else:
+        from jaxshare.cli._render import print_report
+
+        print_report(report)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from jaxshare.cli._convert import convert
+    from jaxshare.cli._render import progress_bar
+
+    with progress_bar(not args.quiet) as progress:
+        convert(
+            args.src,
+            args.dst,
+            dtype=args.dtype,
+            names=args.names,
+            force=args.force,
+            progress=progress,
+        )
+    print(f"wrote {args.dst}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from jaxshare.cli._demo import run
+
+    run(workdir=args.workdir)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxshare",
+        description="Find, keep and carry tied weights across JAX, Orbax and PyTorch.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="show the tie groups of a checkpoint or weights file")
+    p.add_argument(
+        "path", help="Orbax checkpoint item (or step) directory, .safetensors, .pt or .bin"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser(
+        "convert",
+        help="PyTorch file -> Orbax checkpoint, or Orbax checkpoint -> .safetensors/.pt",
+    )
+    p.add_argument("src", help="Orbax checkpoint item directory, or a PyTorch weights file")
+    p.add_argument("dst", help="output: a directory for Orbax, or .safetensors/.pt/.bin")
+    p.add_argument("--dtype", default=None, help="cast floating arrays, e.g. float32")
+    p.add_argument(
+        "--names",
+        choices=("flax", "torch"),
+        default=None,
+        help="naming of an Orbax -> file conversion: Flax '/' paths or PyTorch names "
+        "(default: flax for .safetensors, torch for .pt/.bin)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace DST if it is an output of the same kind"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("demo", help="the end-to-end story on a small built-in tied model")
+    p.add_argument(
+        "--workdir", default=None, help="where to write checkpoints (default: a temp dir)"
+    )
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    """An error message on one line: its lines joined with ``'; '``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command; returns its exit status (0, 1 for bad input, 2 for usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as e:
+        print(f"jaxshare {args.command}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        message = _one_line(e)
+        if isinstance(e, KeyError) and e.args:
+            message = str(e.args[0])
+        print(f"jaxshare {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"jaxshare {args.command}: interrupted; no output was left behind.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

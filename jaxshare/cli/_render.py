@@ -1,0 +1,144 @@
+"""What the ``jaxshare`` command prints: tie tables and progress, with ``rich``.
+
+On a terminal, tables are drawn with a rule under the header and progress is a
+live bar with tensors, bytes per second and time left. Anywhere else (a pipe, a
+file, a test's captured output) the output is plain and stable: tables as
+space-aligned columns with no colour or box characters, and no progress bar,
+only one summary line once the work is done.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from jaxshare import ProgressFn, TieReport
+from jaxshare.internal import format_bytes
+
+__all__ = ["print_report", "progress_bar", "report_lines"]
+
+
+def _console(stream: TextIO) -> Console:
+    # Off a terminal: no colour, and a width no table reaches, so lines never wrap.
+    if stream.isatty():
+        return Console(file=stream, highlight=False)
+    return Console(file=stream, width=100_000, no_color=True, highlight=False)
+
+
+def _table(report: TieReport, terminal: bool) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD if terminal else None,
+        show_edge=False,
+        pad_edge=False,
+        header_style="bold" if terminal else "",
+    )
+    for name in ("canonical", "aliases", "origin", "shape", "dtype"):
+        table.add_column(name)
+    table.add_column("bytes each", justify="right")
+    for group in report.to_dict()["tie_groups"]:
+        aliases = ", ".join(
+            a["path"]
+            + (f" (permute {a['permute']})" if a["permute"] else "")
+            + (" (written out)" if a["written_out"] else "")
+            for a in group["aliases"]
+        )
+        cells = (
+            group["canonical"],
+            aliases,
+            ", ".join(group["origins"]),
+            str(tuple(group["shape"])),
+            group["dtype"],
+            format_bytes(group["bytes_each"]),
+        )
+        table.add_row(*(Text(c) for c in cells))  # Text: names are never read as markup.
+    return table
+
+
+def report_lines(report: TieReport) -> tuple[str, str]:
+    """The heading and the byte summary around the tie table."""
+    heading = (
+        f"{report.source} ({report.kind}): {len(report.arrays)} arrays, "
+        f"{len(report.stored)} stored"
+    )
+    summary = (
+        f"bytes stored: {format_bytes(report.bytes_stored)}   with aliases written out: "
+        f"{format_bytes(report.bytes_total)}   saved by dedupe: {format_bytes(report.bytes_saved)}"
+    )
+    return heading, summary
+
+
+def print_report(report: TieReport, stream: TextIO | None = None) -> None:
+    """Prints ``report``: a heading, the tie groups as a table, the byte counts."""
+    stream = stream or sys.stdout
+    console = _console(stream)
+    heading, summary = report_lines(report)
+    console.print(Text(heading))
+    for part in report.parts:
+        console.print(Text(f"  {part}"))
+    if report.alias_map:
+        console.print(_table(report, stream.isatty()))
+    else:
+        console.print("no ties")
+    console.print(Text(summary))
+
+
+@contextmanager
+def progress_bar(
+    enabled: bool = True, stream: TextIO | None = None, what: str = "tensors"
+) -> Iterator[ProgressFn | None]:
+    """Yields a ``progress(done, total, name, nbytes)`` callback, or ``None`` when
+    disabled. On a terminal it drives a live bar; elsewhere it prints one
+    summary line when the block ends without an error."""
+    if not enabled:
+        yield None
+        return
+    stream = stream or sys.stderr
+    console = _console(stream)
+    start = time.monotonic()
+    state = {"done": 0, "bytes": 0}
+    if not stream.isatty():
+
+        def record(done: int, total: int, name: str, nbytes: int) -> None:
+            state["done"] = done
+            state["bytes"] += nbytes
+
+        yield record
+        seconds = max(time.monotonic() - start, 1e-9)
+        console.print(
+            Text(
+                f"{state['done']} {what}, {format_bytes(state['bytes'])} in {seconds:.1f} s "
+                f"({format_bytes(int(state['bytes'] / seconds))}/s)"
+            )
+        )
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(what + "  {task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("", total=None, rate="")
+
+        def update(done: int, total: int, name: str, nbytes: int) -> None:
+            state["bytes"] += nbytes
+            rate = state["bytes"] / max(time.monotonic() - start, 1e-9)
+            bar.update(
+                task,
+                completed=done,
+                total=total,
+                description=name[-40:],
+                rate=f"{format_bytes(state['bytes'])}  {format_bytes(int(rate))}/s",
+            )
+
+        yield update

@@ -1,0 +1,467 @@
+"""The safetensors format, with numpy only: read and check a header, map tensors,
+stream a file out one tensor at a time.
+
+A safetensors file is an 8-byte little-endian header size ``N``, ``N`` bytes of
+JSON (``{name: {"dtype", "shape", "data_offsets"}}`` plus ``"__metadata__"``, a
+``str -> str`` map), then the tensors' bytes back to back; ``data_offsets`` are
+relative to the end of the header and must tile the data exactly. jaxshare
+records a file's ties in its metadata under :data:`ALIAS_MAP_KEY` (the alias-map
+JSON of :meth:`jaxshare.AliasMap.to_json`).
+
+:func:`read_header` checks everything the header claims against the file
+before any tensor is read, so a truncated or corrupt file fails with one line
+naming it; :class:`SafetensorsFile` maps the file and gives each tensor as a
+read-only numpy view of the mapped pages (no copy, no anonymous memory);
+:func:`write_safetensors` writes the header first and then each tensor's bytes
+as they are produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxshare._alias import AliasMap
+from jaxshare._dtype import numpy_dtype
+from jaxshare._output import OutputKind, atomic_output
+from jaxshare._report import ArrayInfo, TieReport
+
+__all__ = [
+    "ALIAS_MAP_KEY",
+    "MAX_HEADER_BYTES",
+    "SAFETENSORS",
+    "SafetensorsFile",
+    "SafetensorsHeader",
+    "TensorEntry",
+    "TensorSpec",
+    "alias_map_in",
+    "dtype_code",
+    "inspect_safetensors",
+    "is_safetensors_file",
+    "read_header",
+    "write_safetensors",
+]
+
+#: The metadata key holding a file's ties, as alias-map JSON.
+ALIAS_MAP_KEY = "jaxshare.alias_map"
+#: safetensors refuses headers over 100 MB; so does jaxshare, before reading one.
+MAX_HEADER_BYTES = 100_000_000
+
+# numpy dtype name <-> safetensors dtype code.
+_CODES = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "uint16": "U16",
+    "int16": "I16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "uint32": "U32",
+    "int32": "I32",
+    "float32": "F32",
+    "uint64": "U64",
+    "int64": "I64",
+    "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+_NAMES = {code: name for name, code in _CODES.items()}
+
+
+def dtype_code(dtype: np.dtype, name: str) -> str:
+    """The safetensors dtype code of ``dtype``; errors name the tensor.
+
+    >>> dtype_code(np.dtype("float32"), "w")
+    'F32'
+    """
+    code = _CODES.get(dtype.name)
+    if code is None:
+        raise ValueError(
+            f"{name!r} has dtype {dtype.name}, which safetensors cannot store (it stores "
+            f"{', '.join(sorted(_CODES))}); pass `dtype=` to cast floating arrays, or "
+            "convert this array first."
+        )
+    return code
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a header: its shape, dtype name and byte range in the data."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    begin: int
+    end: int
+
+    @property
+    def info(self) -> ArrayInfo:
+        return ArrayInfo(self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A checked header: every tensor's entry, the metadata, where the data starts.
+
+    Attributes:
+      path: the file.
+      tensors: ``{name: TensorEntry}`` in the order of their data.
+      metadata: the ``"__metadata__"`` map (empty when absent).
+      data_start: byte offset of the data in the file.
+    """
+
+    path: Path
+    tensors: dict[str, TensorEntry]
+    metadata: dict[str, str]
+    data_start: int
+
+    @property
+    def infos(self) -> dict[str, ArrayInfo]:
+        return {name: entry.info for name, entry in self.tensors.items()}
+
+
+def _bad(path: Path, why: str) -> ValueError:
+    return ValueError(f"{path}: not a valid safetensors file: {why}.")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the header names {key!r} twice")
+        out[key] = value
+    return out
+
+
+def read_header(path: str | os.PathLike) -> SafetensorsHeader:
+    """Reads and checks the header of a safetensors file, reading no tensor.
+
+    Checks: the header size fits the file; the header is a JSON object without
+    duplicate names; ``__metadata__`` maps strings to strings; each entry has a
+    known dtype, a shape of non-negative ints and data offsets whose length
+    matches shape and dtype; the offsets tile the data exactly and the file
+    holds every byte they name.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the first problem found, in one line starting with the path.
+
+    >>> import tempfile
+    >>> from safetensors.numpy import save_file
+    >>> path = tempfile.mkdtemp() + "/w.safetensors"
+    >>> save_file({"w": np.zeros((2, 3), np.float32)}, path)
+    >>> read_header(path).tensors["w"]
+    TensorEntry(shape=(2, 3), dtype='float32', begin=0, end=24)
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise _bad(path, "it is a directory")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _bad(path, f"the file has {size} bytes, fewer than the 8 of a header size")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES:
+            raise _bad(path, f"the header size {n} is over the limit of {MAX_HEADER_BYTES}")
+        if n > size - 8:
+            raise _bad(
+                path,
+                f"the header size {n} runs past the end of the file ({size} bytes): "
+                "the file is truncated or not safetensors",
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError:
+        raise _bad(path, "the header is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise _bad(path, f"the header is not JSON ({e})") from None
+    except ValueError as e:
+        raise _bad(path, str(e)) from None
+    if not isinstance(header, dict):
+        raise _bad(path, f"the header is a JSON {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise _bad(path, "'__metadata__' must map strings to strings")
+    tensors: dict[str, TensorEntry] = {}
+    for name, entry in header.items():
+        tensors[name] = _entry(path, name, entry)
+    data_start = 8 + n
+    data_size = size - data_start
+    expected = 0
+    for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
+        if entry.begin != expected:
+            raise _bad(
+                path,
+                f"tensor {name!r} starts at data offset {entry.begin}, expected {expected} "
+                "(the offsets must tile the data without gaps or overlaps)",
+            )
+        expected = entry.end
+    if expected > data_size:
+        raise _bad(
+            path,
+            f"the tensors need {expected} bytes of data, but the file holds {data_size} after "
+            f"its header: the file is truncated",
+        )
+    if expected < data_size:
+        raise _bad(
+            path,
+            f"the file holds {data_size} bytes of data after its header, but its tensors "
+            f"account for {expected}",
+        )
+    ordered = dict(sorted(tensors.items(), key=lambda item: item[1].begin))
+    return SafetensorsHeader(path, ordered, dict(metadata), data_start)
+
+
+def _entry(path: Path, name: str, entry: Any) -> TensorEntry:
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise _bad(path, f"tensor {name!r} has no dtype, shape and data_offsets: {entry!r}")
+    dtype = _NAMES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
+    if dtype is None:
+        raise _bad(path, f"tensor {name!r} has unknown dtype {entry['dtype']!r}")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not isinstance(shape, list) or any(type(d) is not int or d < 0 for d in shape):
+        raise _bad(path, f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or any(type(o) is not int or o < 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise _bad(path, f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
+    nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise _bad(
+            path,
+            f"tensor {name!r} ({dtype}{shape}) needs {nbytes} bytes, but its data_offsets "
+            f"{offsets} span {offsets[1] - offsets[0]}",
+        )
+    return TensorEntry(tuple(shape), dtype, offsets[0], offsets[1])
+
+
+def is_safetensors_file(path: Path) -> bool:
+    """Whether ``path`` is a readable safetensors file (its header checks out)."""
+    try:
+        read_header(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def alias_map_in(header: SafetensorsHeader) -> AliasMap:
+    """The ties a file records under :data:`ALIAS_MAP_KEY`, checked against it.
+
+    Every canonical must be a tensor the file stores, and every transform must
+    fit its canonical's rank; an alias may be stored too (a consolidated file
+    writes aliases out for readers that know no ties).
+
+    Raises:
+      ValueError: the metadata is not a valid alias map, or does not fit the
+        file; one line starting with the path.
+    """
+    text = header.metadata.get(ALIAS_MAP_KEY)
+    if text is None:
+        return AliasMap()
+    try:
+        amap = AliasMap.from_json(text)
+    except ValueError as e:
+        raise ValueError(f"{header.path}: metadata {ALIAS_MAP_KEY!r} is invalid: {e}") from None
+    problems = []
+    for alias, canonical in amap.items():
+        entry = header.tensors.get(canonical)
+        if entry is None:
+            problems.append(f"alias {alias!r} names canonical {canonical!r}, which the file "
+                            "does not store")
+            continue
+        perm = amap.transform(alias)
+        if perm is not None and len(perm) != len(entry.shape):
+            problems.append(
+                f"alias {alias!r} permutes {len(perm)} axes, but {canonical!r} has shape "
+                f"{entry.shape}"
+            )
+    if problems:
+        raise ValueError(
+            f"{header.path}: metadata {ALIAS_MAP_KEY!r} does not fit the file: "
+            + "; ".join(problems[:3])
+            + (f"; ... ({len(problems)} problems)" if len(problems) > 3 else "")
+        )
+    return amap
+
+
+def inspect_safetensors(path: str | os.PathLike) -> TieReport:
+    """The tie report of a ``.safetensors`` file, from its header alone.
+
+    The ties are the aliases its metadata records; an alias the file also
+    stores (a consolidated file writes them out for readers that know no ties)
+    counts as written out.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file is truncated or corrupt, or its alias metadata does
+        not fit it (one line naming the file).
+
+    >>> import tempfile
+    >>> from safetensors.numpy import save_file
+    >>> path = tempfile.mkdtemp() + "/w.safetensors"
+    >>> save_file({"w": np.zeros(4, np.float32)}, path)
+    >>> inspect_safetensors(path).bytes_stored
+    16
+    """
+    header = read_header(path)
+    amap = alias_map_in(header)
+    infos = header.infos
+    stored = {k: v for k, v in infos.items() if k not in amap}
+    written_out = frozenset(a for a in amap if a in infos)
+    origins = dict.fromkeys(amap, "metadata")
+    return TieReport(str(header.path), "safetensors", stored, amap, written_out, origins)
+
+
+class SafetensorsFile:
+    """A safetensors file mapped into memory: tensors as read-only numpy views.
+
+    The views share the mapped file pages, which the operating system reads on
+    first touch and may drop at any time; no tensor is copied. Use it as a
+    context manager, or call :meth:`close` once no view is used any more.
+
+    >>> import tempfile
+    >>> from safetensors.numpy import save_file
+    >>> path = tempfile.mkdtemp() + "/w.safetensors"
+    >>> save_file({"w": np.arange(6, dtype=np.int32).reshape(2, 3)}, path)
+    >>> with SafetensorsFile(path) as f:
+    ...     f.array("w")[1].tolist()
+    [3, 4, 5]
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.header = read_header(path)
+        self.path = self.header.path
+        self._file = open(self.path, "rb")
+        size = os.fstat(self._file.fileno()).st_size
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()  # The mapping stays valid while views reference it.
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a read-only numpy array over the file's pages."""
+        try:
+            entry = self.header.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}.") from None
+        dtype = numpy_dtype(entry.dtype)
+        count = math.prod(entry.shape)
+        if count == 0 or self._map is None:
+            return np.zeros(entry.shape, dtype)
+        offset = self.header.data_start + entry.begin
+        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(
+            entry.shape
+        )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor to write: its name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _header_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> bytes:
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {
+            "dtype": dtype_code(spec.dtype, spec.name),
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
+        offset += spec.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return text + b" " * (-len(text) % 8)  # Align the data to 8 bytes, as safetensors does.
+
+
+#: A ``.safetensors`` output, for :func:`jaxshare._output.atomic_output`.
+SAFETENSORS = OutputKind("a .safetensors file", False, is_safetensors_file)
+
+
+@contextlib.contextmanager
+def write_safetensors(
+    path: str | os.PathLike,
+    specs: Sequence[TensorSpec],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> Iterator[Callable[[Iterable[np.ndarray]], None]]:
+    """Yields ``write(blocks)``, to be called once per spec, in order, with the
+    tensor's bytes in C order as numpy arrays of its dtype (one array or many
+    blocks). The file is written at a temporary name and appears at ``path``
+    only when complete.
+
+    Raises:
+      FileExistsError: ``path`` exists and ``force`` is false.
+      ValueError: ``path`` is an input, or exists and is not a safetensors file;
+        a tensor's blocks do not match its spec; fewer tensors were written than
+        specs. Nothing is left behind.
+
+    >>> import tempfile
+    >>> path = tempfile.mkdtemp() + "/w.safetensors"
+    >>> spec = TensorSpec("w", (2,), np.dtype("float32"))
+    >>> with write_safetensors(path, [spec], {"format": "np"}) as write:
+    ...     write([np.ones(2, np.float32)])
+    >>> read_header(path).metadata
+    {'format': 'np'}
+    """
+    header = _header_bytes(specs, metadata or {})
+    written = 0
+    with atomic_output(path, SAFETENSORS, force=force, inputs=inputs) as tmp:
+        with open(tmp, "wb") as f:
+
+            def write(blocks: Iterable[np.ndarray]) -> None:
+                nonlocal written
+                if written == len(specs):
+                    raise ValueError(f"{path}: more tensors written than the {len(specs)} specs.")
+                spec = specs[written]
+                size = 0
+                for block in blocks:
+                    if block.dtype != spec.dtype:
+                        raise ValueError(
+                            f"{spec.name!r}: expected {spec.dtype.name}, got {block.dtype.name}."
+                        )
+                    data = np.ascontiguousarray(block)
+                    f.write(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
+                    size += data.nbytes
+                if size != spec.nbytes:
+                    raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")
+                written += 1
+
+            f.write(struct.pack("<Q", len(header)))
+            f.write(header)
+            yield write
+            if written != len(specs):
+                raise ValueError(f"{path}: wrote {written} of {len(specs)} tensors.")
+            f.flush()
+            os.fsync(f.fileno())
