@@ -6,6 +6,7 @@ The bridge builds on jaxshare's public API (``jaxshare``, ``jaxshare.formats``,
 """
 
 from bridge._names import DEFAULT_LAYERS
+from bridge._names import DEFAULT_LAYER_NAMES
 from bridge._names import DEFAULT_RULES
 from bridge._names import Rule
 from bridge._names import Rules
@@ -20,6 +21,7 @@ from bridge._torchfile import load_torch
 
 __all__ = [
     "DEFAULT_LAYERS",
+    "DEFAULT_LAYER_NAMES",
     "DEFAULT_RULES",
     "Rule",
     "Rules",

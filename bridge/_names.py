@@ -27,6 +27,7 @@ from jaxshare.internal import Perm
 
 __all__ = [
     "DEFAULT_LAYERS",
+    "DEFAULT_LAYER_NAMES",
     "DEFAULT_RULES",
     "LAYOUTS",
     "Rule",
@@ -35,6 +36,8 @@ __all__ = [
     "TorchLeaf",
     "as_rules",
     "candidates",
+    "class_kind",
+    "guess_kind",
     "layer_kind",
     "module_variants",
     "torch_name",
@@ -144,6 +147,25 @@ DEFAULT_LAYERS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: Module names (the last part of a module path) -> layer kind, used only where the
+#: layer types are unknown (a bare state dict or file, no module and no config), so a
+#: state dict gives the same Flax tree as its module. The usual Hugging Face names:
+#: embeddings, the output head, and GPT-2's ``Conv1D`` layers (weight stored ``(in, out)``).
+DEFAULT_LAYER_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            (
+                "wte", "wpe", "embed_tokens", "embed_positions", "word_embeddings",
+                "position_embeddings", "token_type_embeddings", "shared", "tok_embeddings",
+                "embed_in", "relative_attention_bias", "token_embedding", "position_embedding",
+            ),
+            "embedding",
+        ),
+        **dict.fromkeys(("c_attn", "c_fc", "c_proj", "q_attn"), "conv1d"),
+        "lm_head": "linear",
+    }
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -152,6 +174,8 @@ class Rules:
     Args:
       rules: ordered :class:`Rule` list (put yours before ``DEFAULT_RULES``).
       layers: PyTorch class name -> layer kind.
+      layer_names: module name -> layer kind, for modules whose layer type is
+        unknown (see :data:`DEFAULT_LAYER_NAMES`); ``{}`` turns the guess off.
       linen_lists: name list items as linen does (``layers.0`` <-> ``layers_0``)
         rather than ``layers/0`` (NNX, Hugging Face). Without ``like``, going
         back splits every ``name_<digits>`` part, so a module named ``conv_1``
@@ -164,6 +188,7 @@ class Rules:
     rules: tuple[Rule, ...] = DEFAULT_RULES
     layers: Mapping[str, str] = field(default_factory=lambda: DEFAULT_LAYERS)
     linen_lists: bool = False
+    layer_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_LAYER_NAMES)
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules)
@@ -172,6 +197,7 @@ class Rules:
             raise TypeError(f"`rules` must hold Rule objects, got {bad[:3]!r}.")
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "layers", MappingProxyType(dict(self.layers)))
+        object.__setattr__(self, "layer_names", MappingProxyType(dict(self.layer_names)))
 
 
 def as_rules(rules: Rules | Sequence[Rule] | None) -> Rules:
@@ -189,11 +215,26 @@ def as_rules(rules: Rules | Sequence[Rule] | None) -> Rules:
 
 def layer_kind(module: Any, rules: Rules) -> str | None:
     """The layer kind of a ``torch.nn.Module``, ``None`` when no class in its MRO is known."""
-    for cls in type(module).__mro__:
-        kind = rules.layers.get(cls.__name__)
+    return class_kind([cls.__name__ for cls in type(module).__mro__], rules)
+
+
+def class_kind(class_names: Sequence[str], rules: Rules) -> str | None:
+    """The layer kind of a class given its MRO's names, most derived first."""
+    for name in class_names:
+        kind = rules.layers.get(name)
         if kind is not None:
             return kind
     return None
+
+
+def guess_kind(module: str, rules: Rules) -> str | None:
+    """The layer kind :attr:`Rules.layer_names` gives a module path such as
+    ``'transformer.wte'`` (by its last part), or ``None``.
+
+    >>> guess_kind("transformer.h.0.attn.c_attn", Rules()), guess_kind("enc", Rules())
+    ('conv1d', None)
+    """
+    return rules.layer_names.get(module.rpartition(".")[2]) if module else None
 
 
 @dataclass(frozen=True)

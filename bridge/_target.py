@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from jaxshare import find_shared
 from jaxshare.internal import is_nnx_module, is_variable, keypath_to_path, render, variable_value
 
 __all__ = ["TargetTree", "target_tree"]
@@ -37,13 +38,18 @@ class TargetTree:
     Attributes:
       treedef: its structure (NNX Variables are leaves).
       leaves: ``[(path, leaf)]`` in flatten order.
+      shared: ``{path: shape}`` of the paths an NNX graph reaches a shared
+        Variable by, which ``nnx.state`` drops: an alias has its place there.
       shapes: ``{path: shape}`` of the leaves that are arrays (or abstract ones).
+      index: ``shapes`` and ``shared``: every path a tensor can be placed at.
       shardings: ``{path: sharding}`` of the leaves placed off the default device.
     """
 
     treedef: Any
     leaves: list[tuple[str, Any]]
+    shared: dict[str, tuple[int, ...]] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(init=False)
+    index: dict[str, tuple[int, ...]] = field(init=False)
     shardings: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +60,7 @@ class TargetTree:
         placed = {p: _placement(v) for p, v in self.leaves if p in shapes}
         shardings = {p: s for p, s in placed.items() if s is not None}
         object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "index", {**self.shared, **shapes})
         object.__setattr__(self, "shardings", shardings)
 
     def build(self, values: Mapping[str, Any]) -> Any:
@@ -72,10 +79,20 @@ class TargetTree:
 
 
 def target_tree(like: Any) -> TargetTree:
-    """Takes ``like`` apart; an ``nnx.Module`` stands for its ``nnx.state``."""
-    if is_nnx_module(like):
+    """Takes ``like`` apart; an ``nnx.Module`` stands for its ``nnx.state``, plus
+    the paths of its shared Variables that ``nnx.state`` drops."""
+    module = like if is_nnx_module(like) else None
+    if module is not None:
         from flax import nnx
 
-        like = nnx.state(like)
+        like = nnx.state(module)
     flat, treedef = jax.tree_util.tree_flatten_with_path(like, is_leaf=is_variable)
-    return TargetTree(treedef, [(render(keypath_to_path(kp)), leaf) for kp, leaf in flat])
+    leaves = [(render(keypath_to_path(kp)), leaf) for kp, leaf in flat]
+    shared: dict[str, tuple[int, ...]] = {}
+    if module is not None:
+        kept = dict(leaves)
+        for alias, canonical in find_shared(module).items():
+            value = variable_value(kept.get(canonical))
+            if alias not in kept and hasattr(value, "shape"):
+                shared[alias] = tuple(value.shape)
+    return TargetTree(treedef, leaves, shared)

@@ -26,6 +26,7 @@ from jaxshare.internal import Perm
 
 __all__ = [
     "numpy_dtype",
+    "tensor_of",
     "numpy_view",
     "parallel_map",
     "permuted_copy",
@@ -87,9 +88,16 @@ def numpy_view(t: torch.Tensor, key: str) -> np.ndarray:
 
 
 def to_array(
-    tensor: torch.Tensor, perm: Perm | None = None, *, key: str = "?", sharding: Any = None
+    tensor: torch.Tensor | np.ndarray,
+    perm: Perm | None = None,
+    *,
+    key: str = "?",
+    sharding: Any = None,
 ) -> jax.Array | np.ndarray:
     """``tensor`` permuted by ``perm`` (torch -> Flax layout), as a JAX array.
+
+    A numpy array (a tensor read from a mapped file) is copied once, permuted on
+    the way.
 
     The array shares the tensor's memory when no permutation is needed, the
     tensor is contiguous and on the CPU, and no ``sharding`` asks to place it
@@ -99,6 +107,8 @@ def to_array(
     >>> a.shape, a.dtype
     ((3, 2), dtype(bfloat16))
     """
+    if isinstance(tensor, np.ndarray):  # e.g. a view of a mapped file: one copy, permuted
+        tensor, perm = tensor_of(tensor, perm, key=key), None
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{key!r} must be a torch.Tensor, got {type(tensor).__name__}.")
     if tensor.layout != torch.strided:
@@ -170,18 +180,47 @@ def permuted_copy(t: torch.Tensor, perm: Perm) -> torch.Tensor:
     ints = _INTS.get(t.element_size())
     if t.device.type != "cpu" or ints is None:
         return t.permute(perm).contiguous()
-    src = t.contiguous().view(ints).numpy()
-    # torch's memory is 64-byte aligned, so JAX takes it without a copy (numpy's is
-    # not; and numpy's huge pages for large arrays fault in slower, and unevenly).
-    result = torch.empty([t.shape[p] for p in perm], dtype=ints)
+    return _copy_bits(t.contiguous().view(ints).numpy(), perm).view(t.dtype)
+
+
+def _copy_bits(src: np.ndarray, perm: Perm | None) -> torch.Tensor:
+    """``src`` (an integer view of the bits) transposed by ``perm``, in new memory
+    that torch allocates: 64-byte aligned, so JAX takes it without a copy (numpy's
+    is not; and numpy's huge pages for large arrays fault in slower, and unevenly)."""
+    ints = _INTS[src.dtype.itemsize]
+    shape = src.shape if perm is None else tuple(src.shape[p] for p in perm)
+    result = torch.empty(shape, dtype=ints)
     out = result.numpy()
+    if perm is None:
+        np.copyto(out, src)
+        return result
     last = perm[-1]
-    step = max(1, _BLOCK_BYTES // t.element_size())
+    step = max(1, _BLOCK_BYTES // src.dtype.itemsize)
     for start in range(0, src.shape[last], step):
         block = [slice(None)] * src.ndim
         block[last] = slice(start, start + step)
         out[..., start : start + step] = src[tuple(block)].transpose(perm)
-    return result.view(t.dtype)
+    return result
+
+
+def tensor_of(array: np.ndarray, perm: Perm | None = None, *, key: str = "?") -> torch.Tensor:
+    """A new contiguous tensor holding ``array`` (e.g. a read-only view of a mapped
+    file) transposed by ``perm``: one copy, made as :func:`permuted_copy` makes it.
+
+    >>> tensor_of(np.arange(6, dtype=np.float32).reshape(2, 3), (1, 0)).shape
+    torch.Size([3, 2])
+    """
+    dtype = array.dtype
+    if dtype not in _TO_TORCH:
+        raise TypeError(
+            f"{key!r} has dtype {dtype}, which has no PyTorch equivalent; cast it first."
+        )
+    ints = _INTS.get(dtype.itemsize)
+    if ints is None:  # complex128: no integer of its width.
+        t = torch.from_numpy(np.array(array, order="C"))
+        return t if perm is None else t.permute(perm).contiguous()
+    bits = array.view(np.dtype(f"u{dtype.itemsize}") if dtype.itemsize > 1 else np.uint8)
+    return _copy_bits(bits, perm).view(_TO_TORCH[dtype])
 
 
 def _from_numpy(a: np.ndarray, key: str) -> torch.Tensor:

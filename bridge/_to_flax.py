@@ -9,119 +9,149 @@ different layouts (an Embedding ``weight`` reused as a Linear ``weight``: Flax
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import numpy as np
 import torch
 
 from bridge._match import Slot, default_slot, place
-from bridge._names import Rule, Rules, TorchLeaf, as_rules, layer_kind
-from bridge._shared import shared_params, state_dict_of, torch_aliases
+from bridge._names import Rule, Rules, TorchLeaf, as_rules, guess_kind, module_variants
+from bridge._shared import torch_aliases
+from bridge._sources import open_source
 from bridge._target import TargetTree, target_tree
 from bridge._tensors import parallel_map, to_array
-from jaxshare import AliasMap, ProgressFn
-from jaxshare.internal import Perm, compose, inverse
+from jaxshare import AliasMap, NamingRecord, ProgressFn, TensorSource
+from jaxshare.internal import Index, Perm, compose, inverse, permute_shape
 
 __all__ = [
+    "FlaxPlan",
     "RulesArg",
     "Source",
     "flax_alias_map",
     "flax_conversion",
     "nest",
+    "plan_flax",
     "to_flax",
     "torch_leaves",
 ]
 
 RulesArg = Rules | Sequence[Rule] | None
-Source = torch.nn.Module | Mapping[str, torch.Tensor]
+Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
 
 
 def torch_leaves(
-    source: Source, rules: Rules, arg: str = "state_dict_or_module"
-) -> tuple[dict[str, torch.Tensor], list[TorchLeaf]]:
-    """The state dict of ``source`` and what the rules need to know of each entry."""
-    state = state_dict_of(source, arg)
-    layers = _layers(source, rules)
-    params: set[str] | None = None
-    if isinstance(source, torch.nn.Module):
-        params = {n for n, _ in source.named_parameters(remove_duplicate=False)}
+    source: TensorSource, rules: Rules, ties: AliasMap | None = None
+) -> list[TorchLeaf]:
+    """What the rules need to know of each tensor of ``source``: its name, shape
+    (an alias the source does not store takes its canonical's), layer kind (the
+    source's, else guessed from the module name) and whether it is a buffer."""
+    ties = source.ties if ties is None else ties
+    layers = source.layers or {}
+    buffers = getattr(source, "buffers", None)
+    shapes = {name: info.shape for name, info in source.infos.items()}
+    missing = sorted({c for c in ties.values() if c not in shapes})
+    if missing:
+        raise ValueError(
+            f"{source.where}: the ties name canonical(s) {missing[:5]} that are not stored."
+        )
+    for alias, canonical in ties.items():
+        if alias not in shapes:
+            shapes[alias] = permute_shape(shapes[canonical], ties.transform(alias))
     leaves = []
-    for key, value in state.items():
-        if "/" in key:
-            raise ValueError(
-                f"`{arg}` name {key!r} contains '/', which Flax paths use to join keys; "
-                "rename it (PyTorch names join with '.')."
-            )
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"`{arg}` entry {key!r} is a {type(value).__name__}, not a tensor; drop it "
-                "(e.g. a module's extra state) before converting."
-            )
-        buffer = None if params is None else key not in params
-        leaves.append(TorchLeaf(key, tuple(value.shape), layers.get(_owner(key)), buffer))
-    return state, leaves
-
-
-def _layers(source: Source, rules: Rules) -> dict[str, str | None]:
-    """``{module prefix: layer kind}`` of a module (empty for a state dict)."""
-    if not isinstance(source, torch.nn.Module):
-        return {}
-    return {p: layer_kind(m, rules) for p, m in source.named_modules(remove_duplicate=False)}
-
-
-def _owner(key: str) -> str:
-    """The module prefix of a state-dict name: ``'h.0.attn'`` for ``'h.0.attn.bias'``."""
-    return key.rpartition(".")[0]
+    for key, shape in shapes.items():
+        owner = key.rpartition(".")[0]
+        layer = layers.get(owner) or guess_kind(owner, rules)
+        buffer = None if buffers is None else key in buffers
+        leaves.append(TorchLeaf(key, tuple(shape), layer, buffer))
+    return leaves
 
 
 @dataclass(frozen=True)
-class _FlaxPlan:
-    """Where every tensor of a state dict goes: the Flax slots and the alias map."""
+class FlaxPlan:
+    """Where every tensor of a source goes in Flax, decided from metadata alone.
 
-    slots: dict[str, Slot]          # torch key -> slot, every key of the state dict
-    stored: list[str]               # torch keys whose tensor is stored (flax canonicals and untied)
-    alias_map: AliasMap             # in Flax paths
+    Attributes:
+      slots: PyTorch name -> its Flax path and PyTorch -> Flax permutation, for
+        every tensor and alias.
+      stored: PyTorch names whose tensors are stored (canonicals and untied),
+        in the source's order.
+      alias_map: the ties in Flax paths, with their transforms and the naming
+        record of every slot.
+    """
+
+    slots: dict[str, Slot]
+    stored: list[str]
+    alias_map: AliasMap
 
 
 def plan_flax(
     leaves: list[TorchLeaf],
-    aliases: Mapping[str, str],
+    aliases: AliasMap,
     like: TargetTree | None,
     rules: Rules,
-) -> _FlaxPlan:
+    naming: NamingRecord | None = None,
+) -> FlaxPlan:
+    """Places every leaf in Flax paths and turns the PyTorch ties into an alias map.
+
+    Without ``like`` a recorded ``naming`` (a file jaxshare wrote from Flax)
+    places each leaf exactly; otherwise the rules do. An alias with no place in
+    ``like`` (or whose layer is unknown) takes its canonical's Flax leaf name
+    and layout at its own module path; one whose layer is known takes the
+    rules' name for it.
+    """
     groups: dict[str, list[str]] = {}
     for alias, canonical in aliases.items():
         groups.setdefault(canonical, [canonical]).append(alias)
     order = {leaf.key: i for i, leaf in enumerate(leaves)}
     tied = {k for members in groups.values() for k in members}
     problems: list[str] = []
-    if like is None:
-        slots = {leaf.key: default_slot(leaf, rules) for leaf in leaves}
+    recorded = _recorded_slots(naming, leaves) if like is None else None
+    if recorded is not None:
+        slots = recorded
+    elif like is None:
+        # Each tie's first name, and every untied or typed name, by the rules; the
+        # other names of a tie follow their canonical below.
+        firsts = {min(members, key=order.__getitem__) for members in groups.values()}
+        slots = {
+            leaf.key: default_slot(leaf, rules)
+            for leaf in leaves
+            if leaf.key not in tied or leaf.key in firsts or leaf.layer is not None
+        }
     else:
-        slots, problems = place(leaves, like.shapes, rules, optional=tied)
+        slots, problems = place(leaves, like.index, rules, optional=tied)
     by_key = {leaf.key: leaf for leaf in leaves}
     amap: dict[str, str] = {}
     transforms: dict[str, Perm | None] = {}
     alias_keys: set[str] = set()
     for members in groups.values():
         members.sort(key=order.__getitem__)
-        placed = [k for k in members if k in slots]
+        # The canonical is the first name placed at a leaf the result holds (not at a
+        # path an NNX graph reaches a shared Variable by, which its state drops).
+        kept = like.shapes if like is not None else _slot_paths(slots)
+        placed = sorted(
+            (k for k in members if k in slots), key=lambda k: slots[k].path not in kept
+        )
         if not placed:
             problems.append(f"none of the tied names {members} has a place in `like`")
             continue
         canonical = slots[placed[0]]
+        # Each member m is T(root, t_m) in PyTorch (t_m its own transform, the root
+        # being the tie's PyTorch canonical) and T(root, P_m) in Flax, P_m = slot_m . t_m;
+        # so the Flax alias m is T(flax canonical c, P_m . P_c^-1).
+        from_root = inverse(_root_perm(canonical, placed[0], aliases))
         for key in members:
             if key == placed[0]:
                 continue
             alias_keys.add(key)
-            if key not in slots:  # No place in `like`: the tie stays in the alias map.
-                slots[key] = default_slot(
-                    by_key[key], rules, collection=canonical.collection, linen=canonical.linen
-                )
+            if key not in slots:  # No place: the tie stays in the alias map.
+                slots[key] = _alias_slot(by_key[key], canonical, rules)
             slot = slots[key]
             amap[slot.path] = canonical.path
-            transforms[slot.path] = compose(slot.perm, inverse(canonical.perm))
+            transforms[slot.path] = compose(_root_perm(slot, key, aliases), from_root)
     taken: dict[str, str] = {}
     for key, slot in slots.items():  # (`place` has reported collisions among placed tensors)
         other = taken.setdefault(slot.path, key)
@@ -140,21 +170,57 @@ def plan_flax(
             "`rules=` naming what the defaults do not know."
         )
     stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
-    return _FlaxPlan(slots, stored, AliasMap(amap, transforms=transforms))
+    record = NamingRecord({slots[leaf.key].path: (leaf.key, slots[leaf.key].perm)
+                           for leaf in leaves})
+    return FlaxPlan(slots, stored, AliasMap(amap, transforms=transforms, naming=record))
+
+
+def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
+    """The permutation from a tie's PyTorch canonical to ``key``'s Flax value."""
+    return compose(slot.perm, aliases.transform(key) if key in aliases else None)
+
+
+def _slot_paths(slots: Mapping[str, Slot]) -> set[str]:
+    return {slot.path for slot in slots.values()}
+
+
+def _alias_slot(leaf: TorchLeaf, canonical: Slot, rules: Rules) -> Slot:
+    """The place of an alias that nothing else places: the rules' name for its layer
+    when the layer is known; otherwise its canonical's leaf name and layout."""
+    if leaf.layer is not None:
+        return default_slot(leaf, rules, collection=canonical.collection, linen=canonical.linen)
+    module = module_variants(leaf.module, canonical.linen)[0]
+    prefix = canonical.path.split("/")[0] if canonical.collection else None
+    parts = ((prefix,) if prefix else ()) + module + (canonical.path.rsplit("/", 1)[1],)
+    return Slot("/".join(parts), canonical.perm, canonical.collection, canonical.linen)
+
+
+def _recorded_slots(naming: NamingRecord | None, leaves: list[TorchLeaf]) -> dict[str, Slot] | None:
+    """The slots a naming record gives, when it names every leaf; else ``None``."""
+    if not naming:
+        return None
+    by_torch = {n.torch: (path, n.permute) for path, n in naming.items()}
+    if any(leaf.key not in by_torch for leaf in leaves):
+        return None
+    return {leaf.key: Slot(*by_torch[leaf.key]) for leaf in leaves}
 
 
 def _flax_arrays(
-    state: Mapping[str, torch.Tensor],
-    plan: _FlaxPlan,
+    source: TensorSource,
+    plan: FlaxPlan,
     like: TargetTree | None,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
-    """``{flax path: array}`` of the stored tensors, in state-dict order."""
+    """``{flax path: array}`` of the stored tensors, in the source's order. A leaf
+    of ``like`` with a sharding is built on its devices from the slices they hold."""
     shardings = {} if like is None else like.shardings
 
     def convert(key: str) -> Any:
         slot = plan.slots[key]
-        return to_array(state[key], slot.perm, key=key, sharding=shardings.get(slot.path))
+        sharding = shardings.get(slot.path)
+        if sharding is not None and _wants_slices(sharding):
+            return _sharded_array(source, key, slot.perm, sharding)
+        return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
 
     out: dict[str, Any] = {}
     arrays = parallel_map(convert, plan.stored)
@@ -163,6 +229,33 @@ def _flax_arrays(
         if progress is not None:
             progress(i + 1, len(plan.stored), key, int(array.nbytes))
     return out
+
+
+def _wants_slices(sharding: Any) -> bool:
+    """Whether to read per device: the sharding spans several devices (or processes)."""
+    return len(sharding.device_set) > 1 or not sharding.is_fully_addressable
+
+
+def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: Any) -> Any:
+    """The array of ``key`` in Flax layout, built on ``sharding``'s devices with
+    ``jax.make_array_from_callback``: each addressable device's block is read as the
+    matching slice of the PyTorch tensor (transposed where the layout differs), and
+    a block several local devices hold is read once."""
+    info = source.infos[key]
+    shape = permute_shape(info.shape, perm)
+    inv = inverse(perm)
+    blocks: dict[tuple[tuple[int, int, int], ...], np.ndarray] = {}
+
+    def block(index: Index) -> np.ndarray:
+        bounds = tuple(s.indices(n) for s, n in zip(index, shape, strict=True))
+        if bounds not in blocks:
+            flax_index = tuple(slice(*b) for b in bounds)
+            torch_index = flax_index if inv is None else tuple(flax_index[i] for i in inv)
+            data = source.read_slice(key, torch_index)
+            blocks[bounds] = data if perm is None else np.ascontiguousarray(data.transpose(perm))
+        return blocks[bounds]
+
+    return jax.make_array_from_callback(shape, sharding, block)
 
 
 def _with_aliases(
@@ -217,10 +310,15 @@ def flax_conversion(
     """The stored arrays ``{flax path: array}`` and the alias map (what a
     checkpoint stores), before aliases are filled in."""
     rules = as_rules(rules)
-    state, leaves = torch_leaves(state_dict_or_module, rules)
-    target = None if like is None else target_tree(like)
-    plan = plan_flax(leaves, shared_params(state), target, rules)
-    return _flax_arrays(state, plan, target, progress), plan.alias_map, target
+    source = open_source(state_dict_or_module, rules)
+    try:
+        target = None if like is None else target_tree(like)
+        ties = source.ties
+        plan = plan_flax(torch_leaves(source, rules), ties, target, rules, ties.naming)
+        return _flax_arrays(source, plan, target, progress), plan.alias_map, target
+    finally:
+        if source is not state_dict_or_module:
+            source.close()
 
 
 def to_flax(
@@ -245,8 +343,11 @@ def to_flax(
 
     Args:
       state_dict_or_module: a ``torch.nn.Module`` (its layer types decide what
-        names cannot: a GPT-2 ``Conv1D`` ``weight`` is already ``(in, out)``) or a
-        state dict.
+        names cannot: a GPT-2 ``Conv1D`` ``weight`` is already ``(in, out)``), a
+        state dict, a weights file (``.safetensors``, ``.pt``, ``.bin``), or a
+        ``jaxshare.TensorSource``. Without a module, layer types are guessed from
+        module names (:data:`bridge.DEFAULT_LAYER_NAMES`), and a naming record the
+        input carries (a file jaxshare wrote) places every tensor exactly.
       like: the tree the Flax model expects -- linen variables, a params dict (a
         Hugging Face model's ``params``), an ``nnx.State`` or ``nnx.Module``, or
         their ``jax.eval_shape``. The result then has exactly its structure,
@@ -256,7 +357,9 @@ def to_flax(
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
 
     Returns:
-      ``(variables, alias_map)``. Without ``like``, linen variables
+      ``(variables, alias_map)``; the alias map's ``naming`` records each leaf's
+      PyTorch name and permutation, so :func:`bridge.to_torch` inverts the
+      conversion exactly without ``like``. Without ``like``, linen variables
       ``{"params": ..., "batch_stats": ...}`` (``batch_stats`` and ``buffers``
       only when there are any), every alias present: the same array object as
       its canonical, or its transpose. ``jaxshare.tie(variables, alias_map)``
@@ -309,16 +412,14 @@ def flax_alias_map(
     """
     rules = as_rules(rules)
     aliases = torch_aliases(aliases, "aliases")
-    state, leaves = torch_leaves(source, rules, "source")
-    by_key = {leaf.key: leaf for leaf in leaves}
-    missing = sorted({c for c in aliases.values() if c not in by_key})
-    if missing:
-        raise ValueError(f"`aliases` names canonical(s) {missing[:5]} that `source` does not hold.")
-    layers = _layers(source, rules)
-    for alias, canonical in aliases.items():
-        if alias not in by_key:
-            c = by_key[canonical]
-            by_key[alias] = TorchLeaf(alias, c.shape, layers.get(_owner(alias)), c.buffer)
-            leaves.append(by_key[alias])
-    target = None if like is None else target_tree(like)
-    return plan_flax(leaves, aliases, target, rules).alias_map
+    opened = open_source(source, rules, arg="source")
+    try:
+        ties = dict(opened.ties.items())
+        ties.update(aliases)
+        merged = AliasMap(ties, transforms=opened.ties.transforms)
+        target = None if like is None else target_tree(like)
+        leaves = torch_leaves(opened, rules, merged)
+        return plan_flax(leaves, merged, target, rules).alias_map.with_naming(None)
+    finally:
+        if opened is not source:
+            opened.close()

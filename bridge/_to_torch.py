@@ -20,6 +20,7 @@ from bridge._match import place
 from bridge._names import Rules, as_rules, torch_name
 from bridge._shared import torch_aliases
 from bridge._tensors import parallel_map, to_tensor
+from bridge._sources import open_source
 from bridge._to_flax import RulesArg, Source, torch_leaves
 from jaxshare import AliasMap, ProgressFn, Tied, dedupe, find_shared
 from jaxshare.internal import (
@@ -85,7 +86,7 @@ def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
     for alias, canonical in extra.items():
         if alias not in pairs and canonical not in pairs:
             pairs[alias] = canonical
-    return AliasMap(pairs, transforms=primary.transforms)
+    return AliasMap(pairs, transforms=primary.transforms, naming=primary.naming or extra.naming)
 
 
 def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
@@ -174,11 +175,23 @@ def _plan_torch(
     names: dict[str, tuple[str, Perm | None]] = {}
     like_keys = None
     if like is None:
+        record = amap.naming or {}
         for path in order:
             leaf = leaves[path]
-            names[path] = torch_name(leaf.parts, len(leaf.value.shape), leaf.collection, rules)
+            ndim = len(leaf.value.shape)
+            recorded = record.get(path)
+            if recorded is None:
+                names[path] = torch_name(leaf.parts, ndim, leaf.collection, rules)
+            elif recorded.permute is not None and len(recorded.permute) != ndim:
+                raise ValueError(
+                    f"{path!r} has shape {tuple(leaf.value.shape)}, but the naming record "
+                    f"permutes it by {list(recorded.permute)}: the tree is not the one the "
+                    "record was made for."
+                )
+            else:
+                names[path] = recorded
     else:
-        _, torch_side = torch_leaves(like, rules, "like")
+        torch_side = torch_leaves(open_source(like, rules, arg="like"), rules)
         index = {p: tuple(leaf.value.shape) for p, leaf in leaves.items()}
         slots, problems = place(
             torch_side, index, rules, optional=filled_by_map, what="`variables`"

@@ -19,9 +19,12 @@ if typing.TYPE_CHECKING:
     from jaxshare import formats as formats
     from jaxshare._alias import AliasMap as AliasMap
     from jaxshare._find import find_shared as find_shared
+    from jaxshare._naming import Naming as Naming
+    from jaxshare._naming import NamingRecord as NamingRecord
     from jaxshare._progress import ProgressFn as ProgressFn
     from jaxshare._report import ArrayInfo as ArrayInfo
     from jaxshare._report import TieReport as TieReport
+    from jaxshare._source import TensorSource as TensorSource
     from jaxshare._tie import dedupe as dedupe
     from jaxshare._tie import retie as retie
     from jaxshare._tied import Tied as Tied
@@ -30,7 +33,10 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "AliasMap",
     "ArrayInfo",
+    "Naming",
+    "NamingRecord",
     "ProgressFn",
+    "TensorSource",
     "TieReport",
     "Tied",
     "__version__",
@@ -46,7 +52,10 @@ __all__ = [
 _HOMES = {
     "AliasMap": "jaxshare._alias",
     "ArrayInfo": "jaxshare._report",
+    "Naming": "jaxshare._naming",
+    "NamingRecord": "jaxshare._naming",
     "ProgressFn": "jaxshare._progress",
+    "TensorSource": "jaxshare._source",
     "TieReport": "jaxshare._report",
     "Tied": "jaxshare._tied",
     "checkpoint": "jaxshare.checkpoint",

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from jaxshare._naming import NamingRecord
 from jaxshare._perm import Perm, as_perm, compose
 
 __all__ = ["AliasMap", "FORMAT", "MAX_JSON_BYTES", "VERSION", "as_alias_map"]
@@ -47,6 +48,11 @@ class AliasMap(Mapping[str, str]):
       transforms: ``{alias: permutation}``: the alias holds
         ``jnp.transpose(canonical, permutation)``. Aliases not named here are
         identical to their canonical.
+      naming: what a conversion from PyTorch recorded of every leaf (see
+        :class:`jaxshare.NamingRecord`), carried with the ties so that the way
+        back is exact; ``None`` when the tree was not converted. It is
+        provenance, not a tie: maps with the same ties are equal whatever
+        their naming.
 
     Raises:
       TypeError, ValueError: a path or permutation is malformed, or the map has a
@@ -62,7 +68,7 @@ class AliasMap(Mapping[str, str]):
     AliasMap({'b': 'a', 'c': 'a'})
     """
 
-    __slots__ = ("_aliases", "_transforms", "_hash")
+    __slots__ = ("_aliases", "_transforms", "_naming", "_hash")
 
     def __init__(
         self,
@@ -70,7 +76,10 @@ class AliasMap(Mapping[str, str]):
         /,
         *,
         transforms: Mapping[str, Sequence[int] | None] | None = None,
+        naming: NamingRecord | None = None,
     ) -> None:
+        if naming is not None and not isinstance(naming, NamingRecord):
+            raise TypeError(f"`naming` must be a NamingRecord, got {type(naming).__name__}.")
         raw: dict[str, str] = {}
         items = aliases.items() if isinstance(aliases, Mapping) else aliases
         for item in items:
@@ -104,6 +113,7 @@ class AliasMap(Mapping[str, str]):
                 resolved_perms[alias] = perm
         self._aliases = resolved
         self._transforms = resolved_perms
+        self._naming = naming or None
         self._hash: int | None = None
 
     # -- Mapping --------------------------------------------------------------
@@ -137,6 +147,8 @@ class AliasMap(Mapping[str, str]):
 
     def __repr__(self) -> str:
         extra = f", transforms={self._transforms!r}" if self._transforms else ""
+        if self._naming is not None:
+            extra += f", naming={self._naming!r}"
         return f"AliasMap({self._aliases!r}{extra})"
 
     # -- queries --------------------------------------------------------------
@@ -149,6 +161,15 @@ class AliasMap(Mapping[str, str]):
         if alias not in self._aliases:
             raise KeyError(f"{alias!r} is not an alias in this map.")
         return self._transforms.get(alias)
+
+    @property
+    def naming(self) -> NamingRecord | None:
+        """The naming record of the conversion that made the tree, if any."""
+        return self._naming
+
+    def with_naming(self, naming: NamingRecord | None) -> AliasMap:
+        """This map with ``naming`` as its naming record."""
+        return AliasMap(self._aliases, transforms=self._transforms, naming=naming)
 
     @property
     def transforms(self) -> Mapping[str, Perm]:
@@ -171,11 +192,13 @@ class AliasMap(Mapping[str, str]):
         return AliasMap(
             {fn(a): fn(c) for a, c in self._aliases.items()},
             transforms={fn(a): p for a, p in self._transforms.items()},
+            naming=None if self._naming is None else self._naming.rename(fn),
         )
 
     # -- JSON -----------------------------------------------------------------
     def to_json(self, *, indent: int | None = None) -> str:
-        """Serialises to the versioned JSON format (keys sorted).
+        """Serialises to the versioned JSON format (keys sorted). The naming record,
+        if any, has a JSON document of its own (``naming.to_json()``), stored beside.
 
         >>> AliasMap({"b": "a"}).to_json()
         '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"b": "a"}}'

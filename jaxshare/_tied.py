@@ -15,11 +15,14 @@ from typing import Any
 import jax
 
 from jaxshare._alias import AliasMap, as_alias_map
+from jaxshare._naming import NamingRecord
 from jaxshare._edit import Absent, get_paths
 from jaxshare._leafkey import By
 from jaxshare._tie import dedupe, retie
 
 __all__ = ["Tied", "tie"]
+
+_Aux = tuple[AliasMap, NamingRecord | None]
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -80,18 +83,24 @@ class Tied:
         """A ``Tied`` with the same alias map over a new unique tree."""
         return Tied(unique, self._alias_map)
 
-    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], AliasMap]:
-        return ((jax.tree_util.GetAttrKey("unique"), self._unique),), self._alias_map
+    # The aux data pairs the map with its naming record: maps with the same ties
+    # compare equal whatever their naming, but two Tieds are one tree structure for
+    # JAX (e.g. one `jit` cache entry) only if their naming agrees too.
+    def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], _Aux]:
+        return ((jax.tree_util.GetAttrKey("unique"), self._unique),), self._aux()
 
-    def tree_flatten(self) -> tuple[tuple[Any], AliasMap]:
-        return (self._unique,), self._alias_map
+    def tree_flatten(self) -> tuple[tuple[Any], _Aux]:
+        return (self._unique,), self._aux()
+
+    def _aux(self) -> _Aux:
+        return self._alias_map, self._alias_map.naming
 
     @classmethod
-    def tree_unflatten(cls, alias_map: AliasMap, children: tuple[Any, ...]) -> Tied:
+    def tree_unflatten(cls, aux: _Aux, children: tuple[Any, ...]) -> Tied:
         # No validation: JAX rebuilds Tieds with tracers, placeholders and `None`s.
         obj = object.__new__(cls)
         obj._unique, = children
-        obj._alias_map = alias_map
+        obj._alias_map = aux[0]
         return obj
 
     def __repr__(self) -> str:

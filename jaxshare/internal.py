@@ -27,8 +27,11 @@ from jaxshare._perm import inverse
 from jaxshare._perm import permute_shape
 from jaxshare._perm import transpose
 from jaxshare._report import format_bytes
+from jaxshare._source import Index
+from jaxshare._source import file_part
 
 __all__ = [
+    "Index",
     "OutputKind",
     "Path",
     "Perm",
@@ -39,6 +42,7 @@ __all__ = [
     "check_not_an_input",
     "compose",
     "float_dtype",
+    "file_part",
     "format_bytes",
     "inverse",
     "is_nnx_module",

@@ -88,8 +88,11 @@ def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
 @pytest.mark.parametrize(
     "key, shape, expected",
     [
-        ("h.0.attn.c_attn.weight", (4, 12), ("params/h/0/attn/c_attn/kernel", (1, 0))),
-        ("wte.weight", (10, 4), ("params/wte/kernel", (1, 0))),  # Hugging Face's default
+        # Module names type the usual layers (bridge.DEFAULT_LAYER_NAMES): GPT-2's Conv1D
+        # is stored (in, out) already, an embedding keeps its layout.
+        ("h.0.attn.c_attn.weight", (4, 12), ("params/h/0/attn/c_attn/kernel", (0, 1))),
+        ("wte.weight", (10, 4), ("params/wte/embedding", (0, 1))),
+        ("proj.weight", (10, 4), ("params/proj/kernel", (1, 0))),  # Hugging Face's default
         ("ln.weight", (4,), ("params/ln/scale", None)),
         ("conv.weight", (8, 3, 5, 5), ("params/conv/kernel", (2, 3, 1, 0))),
         ("bn.running_mean", (8,), ("batch_stats/bn/mean", None)),
@@ -99,10 +102,10 @@ def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
     ],
 )
 def test_names_alone_use_the_first_candidate(key, shape, expected):
-    variables, _ = to_flax({key: torch.zeros(shape)})
+    variables, aliases = to_flax({key: torch.zeros(shape)})
     (path, leaf), = _flat(variables).items()
     assert (path, leaf.shape) == (expected[0], tuple(np.transpose(np.zeros(shape), expected[1]).shape))
-    back = to_torch(variables)
+    back = to_torch(variables, aliases)  # the naming record makes the way back exact
     assert list(back) == [key] and back[key].shape == shape
 
 

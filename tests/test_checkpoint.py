@@ -434,12 +434,14 @@ def test_a_corrupt_empty_array_record_names_its_path(entry: dict, match: str) ->
 def test_public_names() -> None:
     assert sorted(jc.__all__) == sorted(
         [
+            "CheckpointSource",
             "SharedCheckpointHandler",
             "SharedRestore",
             "SharedSave",
             "consolidate",
             "consolidate_to_safetensors",
             "inspect",
+            "open_source",
             "read_alias_map",
             "restore",
             "save",

@@ -16,14 +16,18 @@ from jaxshare.checkpoint._handler import SharedCheckpointHandler
 from jaxshare.checkpoint._handler import SharedRestore
 from jaxshare.checkpoint._handler import SharedSave
 from jaxshare.checkpoint._inspect import inspect
+from jaxshare.checkpoint._source import CheckpointSource
+from jaxshare.checkpoint._source import open_source
 
 __all__ = [
+    "CheckpointSource",
     "SharedCheckpointHandler",
     "SharedRestore",
     "SharedSave",
     "consolidate",
     "consolidate_to_safetensors",
     "inspect",
+    "open_source",
     "read_alias_map",
     "restore",
     "save",

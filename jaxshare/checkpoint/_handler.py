@@ -23,7 +23,7 @@ from jaxshare._tied import Tied
 from jaxshare.checkpoint._agree import check_same_on_all_processes
 from jaxshare.checkpoint._empty import split_empty
 from jaxshare.checkpoint._item import open_item
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY
+from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
 from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
@@ -81,26 +81,26 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         self, directory: epath.Path, args: SharedSave
     ) -> list[ocp.future.Future] | None:
         """Starts saving ``args.item``; the returned futures finish the commit."""
-        standard_args, alias_json = self._prepare(directory, args)
+        standard_args, files = self._prepare(directory, args)
         futures = list(await self._standard.async_save(directory, args=standard_args) or [])
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
-                self._write_alias_map(directory, alias_json), name="jaxshare_alias_map"
+                self._write_alias_map(directory, files), name="jaxshare_alias_map"
             )
         )
         return futures
 
     def save(self, directory: epath.Path, args: SharedSave) -> None:
         """Saves synchronously into an existing (temporary) directory."""
-        standard_args, alias_json = self._prepare(directory, args)
+        standard_args, files = self._prepare(directory, args)
         self._standard.save(directory, args=standard_args)
         if ocp.multihost.is_primary_host(self._primary_host):
-            write_alias_map(directory, alias_json)
+            write_alias_map(directory, files)
 
     def _prepare(
         self, directory: epath.Path, args: SharedSave
-    ) -> tuple[ocp.args.StandardSave, str]:
-        """The Orbax save of the unique tree, and the alias map JSON."""
+    ) -> tuple[ocp.args.StandardSave, dict[str, str]]:
+        """The Orbax save of the unique tree, and the JSON files of its ties."""
         if not isinstance(args, SharedSave):
             raise TypeError(
                 f"SharedCheckpointHandler saves `SharedSave(item)`, got {type(args).__name__}."
@@ -118,12 +118,15 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         # Chunked storage lets `consolidate` read a large array a block at a time.
         chunked = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), stored)
         standard = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
-        return standard, alias_map.to_json(indent=1)
+        files = {ALIAS_MAP_FILE: alias_map.to_json(indent=1)}
+        if alias_map.naming is not None:
+            files[NAMING_FILE] = alias_map.naming.to_json(indent=1)
+        return standard, files
 
-    async def _write_alias_map(self, directory: epath.Path, text: str) -> None:
+    async def _write_alias_map(self, directory: epath.Path, files: dict[str, str]) -> None:
         # A commit future: runs once Orbax has created `directory` (the temporary one).
         if ocp.multihost.is_primary_host(self._primary_host):
-            write_alias_map(directory, text)
+            write_alias_map(directory, files)
 
     def restore(self, directory: epath.Path, args: SharedRestore | None = None) -> Any:
         """Restores the full tree, ties as identity; see :class:`SharedRestore`."""
@@ -154,9 +157,11 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         self._standard.close()
 
 
-def write_alias_map(directory: epath.Path, text: str) -> None:
-    """Writes the alias map file (a function of its own so a test can stall it)."""
-    (directory / ALIAS_MAP_FILE).write_text(text)
+def write_alias_map(directory: epath.Path, files: dict[str, str]) -> None:
+    """Writes the alias map file and the naming record (a function of its own so a
+    test can stall it)."""
+    for name, text in files.items():
+        (directory / name).write_text(text)
 
 
 def _final_path(directory: epath.Path) -> str:
@@ -174,7 +179,9 @@ def _split(item: Any) -> tuple[Any, AliasMap]:
     unique, found = dedupe(unique)
     if not found:
         return unique, alias_map
-    return unique, AliasMap({**alias_map, **found}, transforms=alias_map.transforms)
+    return unique, AliasMap(
+        {**alias_map, **found}, transforms=alias_map.transforms, naming=alias_map.naming
+    )
 
 
 @ocp.args.register_with_handler(SharedCheckpointHandler, for_save=True)

@@ -19,10 +19,17 @@ from etils import epath
 from orbax.checkpoint import metadata as ocp_metadata
 
 from jaxshare._alias import MAX_JSON_BYTES, AliasMap
+from jaxshare._naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
+from jaxshare._naming import NamingRecord
 from jaxshare._paths import flatten_with_paths, render
 from jaxshare._report import ArrayInfo
 from jaxshare.checkpoint._empty import EmptyArray, parse_record
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, ORBAX_METADATA_FILE
+from jaxshare.checkpoint._layout import (
+    ALIAS_MAP_FILE,
+    EMPTY_ARRAYS_KEY,
+    NAMING_FILE,
+    ORBAX_METADATA_FILE,
+)
 
 __all__ = ["ItemDir", "StoredItem", "open_item", "read_alias_map_file", "sample"]
 
@@ -56,27 +63,42 @@ class StoredItem:
     metadata: Any
 
 
+def _read_limited(path: Any, limit: int, what: str) -> bytes | None:
+    """The bytes of ``path`` (``None`` if absent), refusing files over ``limit``."""
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        data = f.read(limit + 1)  # Never more, whatever the file holds.
+    if len(data) > limit:
+        raise ValueError(
+            f"{path}: over the limit of {limit} bytes for {what}. It is not a file jaxshare "
+            "wrote; replace it with the item's real one."
+        )
+    return data
+
+
 def read_alias_map_file(item_dir: ItemDir) -> AliasMap:
-    """The alias map of one item directory; empty if it has no alias map file.
+    """The alias map of one item directory, with its naming record if it has one;
+    empty if it has no alias map file.
 
     Raises:
-      ValueError: the file is oversized or not a valid alias map; the message
-        starts with the file's path.
+      ValueError: a file is oversized or not valid; the message starts with the
+        file's path.
     """
     path = item_dir / ALIAS_MAP_FILE
-    if not path.exists():
-        return AliasMap()
-    with path.open("rb") as f:
-        data = f.read(MAX_JSON_BYTES + 1)  # Never more, whatever the file holds.
-    if len(data) > MAX_JSON_BYTES:
-        raise ValueError(
-            f"{path}: over the limit of {MAX_JSON_BYTES} bytes for an alias map. It is "
-            "not a file jaxshare wrote; replace it with the item's real alias map."
-        )
+    data = _read_limited(path, MAX_JSON_BYTES, "an alias map")
     try:
-        return AliasMap.from_json(data)
+        amap = AliasMap() if data is None else AliasMap.from_json(data)
     except ValueError as e:
         raise ValueError(f"{path}: {e} {_FIX}") from None
+    naming_path = item_dir / NAMING_FILE
+    data = _read_limited(naming_path, MAX_NAMING_BYTES, "a naming record")
+    if data is None:
+        return amap
+    try:
+        return amap.with_naming(NamingRecord.from_json(data))
+    except ValueError as e:
+        raise ValueError(f"{naming_path}: {e} {_FIX}") from None
 
 
 def open_item(

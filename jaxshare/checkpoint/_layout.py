@@ -22,12 +22,15 @@ __all__ = [
     "ALIAS_MAP_FILE",
     "EMPTY_ARRAYS_KEY",
     "ITEM",
+    "NAMING_FILE",
     "ORBAX_METADATA_FILE",
     "find_item",
     "is_item",
 ]
 
 ALIAS_MAP_FILE = "jaxshare_alias_map.json"
+#: The naming record of a converted tree (see ``jaxshare.NamingRecord``), when it has one.
+NAMING_FILE = "jaxshare_naming.json"
 EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
 #: Written by every Orbax PyTree checkpoint; marks an item directory.
 ORBAX_METADATA_FILE = "_METADATA"

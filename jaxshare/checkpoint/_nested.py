@@ -13,6 +13,7 @@ from typing import Any
 
 from jaxshare._alias import AliasMap
 from jaxshare._edit import Put, edit_paths, get_paths
+from jaxshare._naming import NamingRecord
 from jaxshare._paths import Path, flatten_with_paths, render
 from jaxshare._tie import dedupe
 from jaxshare._tied import Tied
@@ -47,12 +48,15 @@ def expand(tree: Any, /) -> tuple[Any, AliasMap]:
         return tree, AliasMap()
     aliases: dict[str, str] = {}
     transforms: dict[str, Any] = {}
+    naming: dict[str, Any] = {}
     for path, node in nodes:
         prefixed = node.alias_map.rename(_prefixer(render(path)))
         aliases.update(prefixed)
         transforms.update(prefixed.transforms)
+        naming.update(prefixed.naming or {})
     full = edit_paths(tree, {render(p): Put(node.tree) for p, node in nodes})
-    return full, AliasMap(aliases, transforms=transforms)
+    record = NamingRecord(naming) if naming else None
+    return full, AliasMap(aliases, transforms=transforms, naming=record)
 
 
 def _prefixer(prefix: str) -> Callable[[str], str]:

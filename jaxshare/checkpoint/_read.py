@@ -57,6 +57,10 @@ class LeafReader:
         ts.array(out, copy=False, write=True).write(store).result()
         return out
 
+    def read_slice(self, path: str, index: tuple[slice, ...]) -> np.ndarray:
+        """``read(path)[index]``, reading only the chunks the slice covers."""
+        return np.asarray(self._open(path)[index].read().result())
+
     def blocks(self, path: str, perm: Perm | None = None) -> Iterator[np.ndarray]:
         """The array at ``path`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices of about :data:`BLOCK_BYTES` each."""

@@ -9,6 +9,7 @@ torch.
 
 from jaxshare.formats._safetensors import ALIAS_MAP_KEY
 from jaxshare.formats._safetensors import MAX_HEADER_BYTES
+from jaxshare.formats._safetensors import NAMING_KEY
 from jaxshare.formats._safetensors import SAFETENSORS
 from jaxshare.formats._safetensors import SafetensorsFile
 from jaxshare.formats._safetensors import SafetensorsHeader
@@ -18,6 +19,7 @@ from jaxshare.formats._safetensors import alias_map_in
 from jaxshare.formats._safetensors import dtype_code
 from jaxshare.formats._safetensors import inspect_safetensors
 from jaxshare.formats._safetensors import is_safetensors_file
+from jaxshare.formats._safetensors import tie_metadata
 from jaxshare.formats._safetensors import read_header
 from jaxshare.formats._safetensors import write_safetensors
 from jaxshare.formats._torchfile import TORCH_SUFFIXES
@@ -28,6 +30,7 @@ from jaxshare.formats._torchfile import looks_like_torch_file
 __all__ = [
     "ALIAS_MAP_KEY",
     "MAX_HEADER_BYTES",
+    "NAMING_KEY",
     "SAFETENSORS",
     "TORCH_SUFFIXES",
     "WEIGHT_SUFFIXES",
@@ -40,6 +43,7 @@ __all__ = [
     "dtype_code",
     "inspect_safetensors",
     "is_safetensors_file",
+    "tie_metadata",
     "looks_like_torch_file",
     "read_header",
     "write_safetensors",

@@ -33,12 +33,15 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
+from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output
 from jaxshare._report import ArrayInfo, TieReport
+from jaxshare._source import Index, TensorSource, file_part
 
 __all__ = [
     "ALIAS_MAP_KEY",
     "MAX_HEADER_BYTES",
+    "NAMING_KEY",
     "SAFETENSORS",
     "SafetensorsFile",
     "SafetensorsHeader",
@@ -48,12 +51,15 @@ __all__ = [
     "dtype_code",
     "inspect_safetensors",
     "is_safetensors_file",
+    "tie_metadata",
     "read_header",
     "write_safetensors",
 ]
 
 #: The metadata key holding a file's ties, as alias-map JSON.
 ALIAS_MAP_KEY = "jaxshare.alias_map"
+#: The metadata key holding the naming record of a converted model (``NamingRecord`` JSON).
+NAMING_KEY = "jaxshare.naming"
 #: safetensors refuses headers over 100 MB; so does jaxshare, before reading one.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -260,8 +266,21 @@ def is_safetensors_file(path: Path) -> bool:
     return True
 
 
+def tie_metadata(alias_map: AliasMap) -> dict[str, str]:
+    """The metadata entries that record ``alias_map`` (and its naming record).
+
+    >>> tie_metadata(AliasMap({"b": "a"}))
+    {'jaxshare.alias_map': '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"b": "a"}}'}
+    """
+    out = {ALIAS_MAP_KEY: alias_map.to_json()}
+    if alias_map.naming is not None:
+        out[NAMING_KEY] = alias_map.naming.to_json()
+    return out
+
+
 def alias_map_in(header: SafetensorsHeader) -> AliasMap:
-    """The ties a file records under :data:`ALIAS_MAP_KEY`, checked against it.
+    """The ties a file records under :data:`ALIAS_MAP_KEY` (with the naming record
+    under :data:`NAMING_KEY`, if any), checked against it.
 
     Every canonical must be a tensor the file stores, and every transform must
     fit its canonical's rank; an alias may be stored too (a consolidated file
@@ -272,12 +291,16 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
         file; one line starting with the path.
     """
     text = header.metadata.get(ALIAS_MAP_KEY)
-    if text is None:
-        return AliasMap()
     try:
-        amap = AliasMap.from_json(text)
+        amap = AliasMap() if text is None else AliasMap.from_json(text)
     except ValueError as e:
         raise ValueError(f"{header.path}: metadata {ALIAS_MAP_KEY!r} is invalid: {e}") from None
+    naming = header.metadata.get(NAMING_KEY)
+    if naming is not None:
+        try:
+            amap = amap.with_naming(NamingRecord.from_json(naming))
+        except ValueError as e:
+            raise ValueError(f"{header.path}: metadata {NAMING_KEY!r} is invalid: {e}") from None
     problems = []
     for alias, canonical in amap.items():
         entry = header.tensors.get(canonical)
@@ -319,21 +342,19 @@ def inspect_safetensors(path: str | os.PathLike) -> TieReport:
     >>> inspect_safetensors(path).bytes_stored
     16
     """
-    header = read_header(path)
-    amap = alias_map_in(header)
-    infos = header.infos
-    stored = {k: v for k, v in infos.items() if k not in amap}
-    written_out = frozenset(a for a in amap if a in infos)
-    origins = dict.fromkeys(amap, "metadata")
-    return TieReport(str(header.path), "safetensors", stored, amap, written_out, origins)
+    with SafetensorsFile(path) as f:
+        return f.report()
 
 
-class SafetensorsFile:
-    """A safetensors file mapped into memory: tensors as read-only numpy views.
+class SafetensorsFile(TensorSource):
+    """A safetensors file mapped into memory: a :class:`TensorSource` whose tensors
+    are read-only numpy views of the file's pages.
 
     The views share the mapped file pages, which the operating system reads on
-    first touch and may drop at any time; no tensor is copied. Use it as a
-    context manager, or call :meth:`close` once no view is used any more.
+    first touch and may drop at any time; no tensor is copied, and a slice reads
+    only the pages it covers. The ties are the aliases its metadata records
+    (:func:`alias_map_in`). Use it as a context manager, or call :meth:`close`
+    once no view is used any more.
 
     >>> import tempfile
     >>> from safetensors.numpy import save_file
@@ -344,21 +365,24 @@ class SafetensorsFile:
     [3, 4, 5]
     """
 
+    kind = "safetensors"
+
     def __init__(self, path: str | os.PathLike) -> None:
         self.header = read_header(path)
         self.path = self.header.path
-        self._file = open(self.path, "rb")
-        size = os.fstat(self._file.fileno()).st_size
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.infos = self.header.infos
+        self.ties = alias_map_in(self.header)
+        self.origins = dict.fromkeys(self.ties, "metadata")
+        self.parts = (file_part(self.path, len(self.infos)),)
+        with open(self.path, "rb") as f:  # The mapping outlives the file object.
+            size = os.fstat(f.fileno()).st_size
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
-    def __enter__(self) -> SafetensorsFile:
-        return self
+    def read(self, name: str) -> np.ndarray:
+        return self.array(name)
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._file.close()  # The mapping stays valid while views reference it.
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        return np.array(self.array(name)[index])
 
     def array(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a read-only numpy array over the file's pages."""

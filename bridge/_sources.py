@@ -1,0 +1,145 @@
+"""PyTorch weights as :class:`jaxshare.TensorSource`: modules, state dicts, files.
+
+Every conversion reads its input through a source: names, shapes, dtypes and
+ties first (no tensor read), then one tensor at a time. :func:`open_source`
+takes whatever a user has -- a module, a state dict, a ``.safetensors`` /
+``.pt`` / ``.bin`` file, a Hugging Face directory or index, a DeepSpeed folder --
+and opens the right one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bridge._names import Rules, layer_kind
+from bridge._shared import shared_params, state_dict_of
+from bridge._tensors import numpy_dtype, numpy_view
+from jaxshare import AliasMap, ArrayInfo, TensorSource
+from jaxshare.formats import TORCH_SUFFIXES, WEIGHT_SUFFIXES, SafetensorsFile
+from jaxshare.internal import Index, file_part
+
+__all__ = ["StateDictSource", "as_numpy", "open_source"]
+
+
+class StateDictSource(TensorSource):
+    """A module's state dict (or a state dict) in memory.
+
+    The ties are the tensors over one memory (:func:`bridge.shared_params`); a
+    module also tells every tensor's layer type and which entries are buffers.
+
+    Attributes:
+      state: the state dict (a module's with ``keep_vars=True``, so ZeRO-3's
+        ``ds_id`` survives).
+      buffers: names of buffers, ``None`` when unknown (a plain state dict).
+    """
+
+    kind = "state dict"
+
+    def __init__(
+        self,
+        module_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor],
+        rules: Rules,
+        *,
+        arg: str = "state_dict_or_module",
+        path: Path | None = None,
+        extra_ties: Mapping[str, str] | None = None,
+    ) -> None:
+        state = state_dict_of(module_or_state_dict, arg)
+        for key, value in state.items():
+            if "/" in key:
+                raise ValueError(
+                    f"`{arg}` name {key!r} contains '/', which Flax paths use to join keys; "
+                    "rename it (PyTorch names join with '.')."
+                )
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"`{arg}` entry {key!r} is a {type(value).__name__}, not a tensor; drop it "
+                    "(e.g. a module's extra state) before converting."
+                )
+        self.path = path
+        self.state = state
+        self.infos = {
+            k: ArrayInfo(tuple(t.shape), numpy_dtype(t.dtype, k).name) for k, t in state.items()
+        }
+        ties = shared_params(state)
+        self.origins = dict.fromkeys(ties, "storage")
+        for alias, canonical in (extra_ties or {}).items():
+            if alias not in ties:
+                ties[alias] = canonical
+                self.origins[alias] = "recorded"
+        self.ties = AliasMap(ties)
+        self.buffers: frozenset[str] | None = None
+        if isinstance(module_or_state_dict, torch.nn.Module):
+            module = module_or_state_dict
+            params = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+            self.buffers = frozenset(k for k in state if k not in params)
+            self.layers = {
+                p: layer_kind(m, rules) for p, m in module.named_modules(remove_duplicate=False)
+            }
+        if path is not None:
+            self.kind = "torch"
+            self.parts = (file_part(path, len(state)),)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.state[name]
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        return as_numpy(self.state[name][index], name)
+
+
+def as_numpy(value: Any, name: str = "?") -> np.ndarray:
+    """A numpy array of ``value`` (a tensor becomes a view of its memory where it can)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return numpy_view(t.contiguous(), name)
+    return np.asarray(value)
+
+
+def open_source(
+    what: Any, rules: Rules | None = None, *, arg: str = "state_dict_or_module"
+) -> TensorSource:
+    """The :class:`jaxshare.TensorSource` for ``what``.
+
+    Args:
+      what: a source already; a ``torch.nn.Module`` or state dict; or a path:
+        a ``.safetensors`` file (mapped, read lazily), a ``.pt``/``.bin``/``.pth``
+        file (loaded with ``weights_only=True``, memory-mapped where it can be).
+      rules: the naming rules (their layer table types a module's layers).
+
+    Raises:
+      FileNotFoundError: no such path.
+      ValueError: a path of a kind jaxshare does not read, or an unreadable file.
+      TypeError: anything else.
+    """
+    from bridge._names import as_rules
+
+    if isinstance(what, TensorSource):
+        return what
+    rules = as_rules(rules)
+    if isinstance(what, (str, os.PathLike)):
+        path = Path(what)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or directory.")
+        if path.suffix == ".safetensors" and path.is_file():
+            return SafetensorsFile(path)
+        if path.suffix in TORCH_SUFFIXES and path.is_file():
+            from bridge._torchfile import load_torch
+
+            return StateDictSource(load_torch(path, mmap=True), rules, arg=str(path), path=path)
+        raise ValueError(
+            f"{path}: expected a PyTorch weights file ({', '.join(WEIGHT_SUFFIXES)})."
+        )
+    if isinstance(what, (torch.nn.Module, Mapping)):
+        return StateDictSource(what, rules, arg=arg)
+    raise TypeError(
+        f"`{arg}` must be a torch.nn.Module, a state dict, a path or a jaxshare.TensorSource, "
+        f"got {type(what).__name__}."
+    )

@@ -1,0 +1,177 @@
+"""``NamingRecord``: what a conversion did to each leaf, so its inverse is exact.
+
+A conversion from PyTorch names each Flax leaf and may permute its axes (a
+Linear ``weight`` becomes a transposed ``kernel``). Names alone cannot always
+say which was done -- a square GPT-2 ``Conv1D`` weight and a Linear weight look
+the same -- so the conversion records, per Flax path, the PyTorch name and the
+PyTorch -> Flax axis permutation it applied. The record travels with the alias
+map (``AliasMap.naming``) into Orbax items, safetensors metadata and Hugging
+Face directories, and the way back reads it instead of guessing.
+
+JSON, strict like the alias map's::
+
+    {"format": "jaxshare.naming", "version": 1,
+     "leaves": {"params/wte/embedding": {"torch": "wte.weight"},
+                "params/lm_head/kernel": {"torch": "lm_head.weight", "permute": [1, 0]}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from jaxshare._perm import Perm, as_perm
+
+__all__ = ["FORMAT", "MAX_JSON_BYTES", "VERSION", "Naming", "NamingRecord"]
+
+FORMAT = "jaxshare.naming"
+VERSION = 1
+#: ``from_json`` refuses larger input (a record is ~100 bytes per leaf).
+MAX_JSON_BYTES = 64 * 2**20
+
+
+class Naming(NamedTuple):
+    """One leaf's PyTorch name and the PyTorch -> Flax permutation applied to it."""
+
+    torch: str
+    permute: Perm | None = None
+
+
+def _check(path: Any, entry: Any) -> Naming:
+    if not isinstance(path, str) or not path or path.startswith("/") or path.endswith("/"):
+        raise ValueError(f"naming record: {path!r} is not a '/'-joined Flax path.")
+    if isinstance(entry, str):
+        entry = Naming(entry)
+    elif isinstance(entry, tuple) and len(entry) == 2:
+        entry = Naming(*entry)
+    else:
+        raise TypeError(
+            f"naming record: {path!r} must map to a PyTorch name or (name, permutation), "
+            f"got {entry!r}."
+        )
+    name = entry.torch
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"naming record: {path!r} names {name!r}, which is not a PyTorch name.")
+    return Naming(name, as_perm(entry.permute, f"naming record: the permutation of {path!r}"))
+
+
+class NamingRecord(Mapping[str, Naming]):
+    """An immutable map from Flax path to :class:`Naming` (PyTorch name, permutation).
+
+    Raises:
+      TypeError, ValueError: a malformed path, name or permutation, or two paths
+        with one PyTorch name; the message names them.
+
+    >>> r = NamingRecord({"params/h/0/c_attn/kernel": ("h.0.c_attn.weight", (1, 0))})
+    >>> r["params/h/0/c_attn/kernel"]
+    Naming(torch='h.0.c_attn.weight', permute=(1, 0))
+    >>> NamingRecord.from_json(r.to_json()) == r
+    True
+    """
+
+    __slots__ = ("_entries", "_hash")
+
+    def __init__(self, entries: Mapping[str, Naming | tuple[str, Any] | str] = (), /) -> None:
+        checked: dict[str, Naming] = {}
+        owners: dict[str, str] = {}
+        for path, entry in dict(entries).items():
+            naming = _check(path, entry)
+            other = owners.setdefault(naming.torch, path)
+            if other != path:
+                raise ValueError(
+                    f"naming record: {other!r} and {path!r} both name the PyTorch tensor "
+                    f"{naming.torch!r}."
+                )
+            checked[path] = naming
+        self._entries = checked
+        self._hash: int | None = None
+
+    def __getitem__(self, path: str) -> Naming:
+        return self._entries[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NamingRecord):
+            return self._entries == other._entries
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(frozenset(self._entries.items()))
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"NamingRecord({len(self)} leaves)"
+
+    def rename(self, fn: Callable[[str], str]) -> NamingRecord:
+        """A new record with every Flax path passed through ``fn``."""
+        return NamingRecord({fn(p): n for p, n in self._entries.items()})
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The versioned JSON format (paths in record order)."""
+        leaves = {
+            path: {"torch": n.torch} if n.permute is None else
+            {"torch": n.torch, "permute": list(n.permute)}
+            for path, n in self._entries.items()
+        }
+        return json.dumps({"format": FORMAT, "version": VERSION, "leaves": leaves}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, /, *, max_bytes: int = MAX_JSON_BYTES) -> NamingRecord:
+        """Parses :meth:`to_json` output, strictly.
+
+        Raises:
+          ValueError: input over ``max_bytes``, not JSON, duplicate keys, an
+            unknown format or version, unexpected fields or types, or an invalid
+            record. Nothing is returned half-loaded.
+        """
+        size = len(text.encode() if isinstance(text, str) else text)
+        if size > max_bytes:
+            raise ValueError(f"naming record JSON is {size} bytes, over the limit of {max_bytes}.")
+        try:
+            doc = json.loads(text, object_pairs_hook=_no_duplicates)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"naming record is not valid JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"not a naming record: expected format {FORMAT!r}, got {found!r}.")
+        if doc.get("version") != VERSION:
+            raise ValueError(
+                f"naming record version {doc.get('version')!r} is not supported (this jaxshare "
+                f"reads version {VERSION}); upgrade jaxshare."
+            )
+        if set(doc) != {"format", "version", "leaves"} or not isinstance(doc["leaves"], dict):
+            raise ValueError(
+                "naming record JSON must have exactly the fields 'format', 'version' and "
+                "'leaves' (an object)."
+            )
+        entries: dict[str, Any] = {}
+        for path, entry in doc["leaves"].items():
+            if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= {"torch", "permute"}:
+                raise ValueError(
+                    f"naming record: {path!r} must map to {{'torch': name[, 'permute': [...]]}}, "
+                    f"got {entry!r}."
+                )
+            permute = entry.get("permute")
+            if permute is not None and not isinstance(permute, list):
+                raise ValueError(f"naming record: 'permute' of {path!r} must be a list.")
+            entries[path] = (entry["torch"], permute)
+        try:
+            return cls(entries)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"naming record JSON names {key!r} twice.")
+        out[key] = value
+    return out

@@ -1,0 +1,108 @@
+"""``TensorSource``: stored tensors, described from metadata, read one at a time.
+
+Every input jaxshare converts -- a safetensors file, a PyTorch file, a Hugging
+Face directory, a DeepSpeed folder, an Orbax item, a state dict in memory -- is
+opened as a source. A conversion first plans from what a source tells without
+reading any tensor (names, shapes, dtypes, ties, a recorded naming), then
+reads each tensor (or a slice of it, for sharded loading) and hands it to a
+writer before reading the next, so memory holds about one tensor.
+
+Names are the source's own: PyTorch names (``h.0.attn.weight``) for PyTorch
+formats, ``'/'``-joined Flax paths for Orbax items and jaxshare's Flax-named
+files.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxshare._alias import AliasMap
+from jaxshare._report import ArrayInfo, TieReport
+
+__all__ = ["Index", "TensorSource", "file_part"]
+
+#: A basic index into an array: one slice per axis, as ``jax.make_array_from_callback``
+#: hands them out.
+Index = tuple[slice, ...]
+
+
+class TensorSource(abc.ABC):
+    """Named tensors read one at a time, with their ties.
+
+    Subclasses set :attr:`path`, :attr:`kind` and :attr:`infos`, and implement
+    :meth:`read`; the rest has defaults.
+
+    Attributes:
+      path: the file or directory the tensors come from (``None`` in memory).
+      kind: what the source is, e.g. ``"safetensors"``, ``"hf"``, ``"orbax"``.
+      infos: ``{name: ArrayInfo}`` of the stored tensors, in the source's order
+        (an alias the source also stores, e.g. written out for readers that know
+        no ties, is listed too).
+      ties: ``{alias: canonical}`` in the source's names, with transforms; every
+        canonical is in :attr:`infos`. The map's ``naming`` is the naming record
+        the source carries, if any.
+      origins: ``{alias: where the tie comes from}`` (see ``TieReport``).
+      parts: the files the source is made of, one line each, for reports.
+      layers: ``{module prefix: layer kind}`` where the source knows the layer
+        types (a module, a Hugging Face config); ``None`` otherwise.
+    """
+
+    path: Path | None = None
+    kind: str = "tensors"
+    infos: Mapping[str, ArrayInfo]
+    ties: AliasMap = AliasMap()
+    origins: Mapping[str, str] = {}
+    parts: tuple[str, ...] = ()
+    layers: Mapping[str, str | None] | None = None
+
+    @abc.abstractmethod
+    def read(self, name: str) -> Any:
+        """The whole tensor ``name``: a numpy array (read-only where it maps a
+        file), or a ``torch.Tensor`` for in-memory PyTorch sources."""
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        """``read(name)[index]`` as a numpy array; sources that can read part of
+        a tensor without the rest (a mapped file) read only those bytes."""
+        return np.asarray(self.read(name)[index])
+
+    def close(self) -> None:
+        """Releases files; arrays already returned stay valid."""
+
+    def __enter__(self) -> TensorSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def where(self) -> str:
+        """How messages name this source."""
+        return str(self.path) if self.path is not None else f"the {self.kind}"
+
+    def report(self) -> TieReport:
+        """The tie report of this source (what ``jaxshare inspect`` prints)."""
+        stored = {k: v for k, v in self.infos.items() if k not in self.ties}
+        written_out = frozenset(a for a in self.ties if a in self.infos)
+        return TieReport(
+            self.where,
+            self.kind,
+            stored,
+            self.ties,
+            written_out,
+            dict(self.origins),
+            tuple(self.parts),
+        )
+
+
+def file_part(path: str | os.PathLike, tensors: int) -> str:
+    """One line of :attr:`TensorSource.parts`: a file's name, size and tensor count."""
+    from jaxshare._report import format_bytes
+
+    path = Path(path)
+    return f"{path.name}: {tensors} tensors, {format_bytes(path.stat().st_size)}"

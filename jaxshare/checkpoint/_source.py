@@ -1,0 +1,87 @@
+"""An Orbax item as a :class:`jaxshare.TensorSource`: Flax paths, read leaf by leaf.
+
+Conversions out of a checkpoint (to safetensors, PyTorch files, Hugging Face
+directories) plan from the item's metadata and alias map (with its naming
+record), then read one array -- or one slice of it, through TensorStore, which
+reads only the chunks the slice covers -- at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxshare._dtype import float_dtype
+from jaxshare._source import Index, TensorSource
+from jaxshare.checkpoint._item import StoredItem, open_item, sample
+from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, find_item
+from jaxshare.checkpoint._read import LeafReader
+
+__all__ = ["CheckpointSource", "open_source"]
+
+
+class CheckpointSource(TensorSource):
+    """The arrays of one Orbax item, by Flax path; floating ones cast to ``dtype``.
+
+    Attributes:
+      item: what the item holds (metadata, alias map, zero-size arrays).
+    """
+
+    kind = "orbax"
+
+    def __init__(self, item: StoredItem, *, dtype: Any = None) -> None:
+        if item.other:
+            raise ValueError(
+                f"{item.directory} stores leaves that are not arrays at {sample(item.other)}; "
+                "only arrays can be read one by one. Restore it with "
+                "`jaxshare.checkpoint.restore` instead."
+            )
+        self.item = item
+        self.path = item.directory
+        cast = float_dtype(dtype)
+        self._reader = LeafReader(item, dtype=cast)
+        self.infos = {
+            p: info if cast is None else type(info)(info.shape, _cast_name(info.dtype, cast))
+            for p, info in item.stored.items()
+        }
+        self.ties = item.alias_map
+        self.origins = dict.fromkeys(self.ties, ALIAS_MAP_FILE)
+
+    def read(self, name: str) -> np.ndarray:
+        return self._reader.read(name)
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        return self._reader.read_slice(name, index)
+
+    def blocks(self, name: str, perm: Any = None) -> Any:
+        """The array at ``name`` (transposed by ``perm``) in C order, as blocks of
+        whole leading-axis slices (see ``LeafReader.blocks``)."""
+        return self._reader.blocks(name, perm)
+
+
+def _cast_name(dtype: str, cast: np.dtype) -> str:
+    from jaxshare._dtype import cast_to, numpy_dtype
+
+    return cast_to(numpy_dtype(dtype), cast).name
+
+
+def open_source(directory: str | os.PathLike, *, dtype: Any = None) -> CheckpointSource:
+    """Opens the item at ``directory`` (an item or a step directory) to read it
+    leaf by leaf.
+
+    Raises:
+      FileNotFoundError: no checkpoint at ``directory``.
+      ValueError: an invalid alias map; leaves that are not arrays; a bad ``dtype``.
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> from jaxshare import checkpoint
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> emb = jnp.arange(6.0).reshape(3, 2)
+    >>> checkpoint.save(path, {"wte": emb, "head": emb})
+    >>> with open_source(path) as source:
+    ...     dict(source.ties), source.read_slice("head", (slice(1, 2), slice(None))).tolist()
+    ({'wte': 'head'}, [[2.0, 3.0]])
+    """
+    return CheckpointSource(open_item(find_item(directory)), dtype=dtype)
