@@ -10,9 +10,12 @@ from bridge._names import DEFAULT_LAYER_NAMES
 from bridge._names import DEFAULT_RULES
 from bridge._names import Rule
 from bridge._names import Rules
+from bridge._plans import flax_plan
+from bridge._plans import torch_plan
 from bridge._safetensors import load_safetensors
 from bridge._safetensors import save_safetensors
 from bridge._shared import shared_params
+from bridge._sources import open_source
 from bridge._to_flax import flax_alias_map
 from bridge._to_flax import to_flax
 from bridge._to_torch import to_torch
@@ -26,11 +29,14 @@ __all__ = [
     "Rule",
     "Rules",
     "flax_alias_map",
+    "flax_plan",
     "load_safetensors",
     "load_torch",
+    "open_source",
     "save_safetensors",
     "shared_params",
     "to_flax",
     "to_torch",
     "torch_alias_map",
+    "torch_plan",
 ]

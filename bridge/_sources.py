@@ -89,6 +89,9 @@ class StateDictSource(TensorSource):
     def read(self, name: str) -> torch.Tensor:
         return self.state[name]
 
+    def array(self, name: str) -> np.ndarray:
+        return as_numpy(self.state[name], name)
+
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return as_numpy(self.state[name][index], name)
 

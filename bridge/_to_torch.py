@@ -19,10 +19,10 @@ import torch
 from bridge._match import place
 from bridge._names import Rules, as_rules, torch_name
 from bridge._shared import torch_aliases
-from bridge._tensors import parallel_map, to_tensor
 from bridge._sources import open_source
+from bridge._tensors import parallel_map, to_tensor
 from bridge._to_flax import RulesArg, Source, torch_leaves
-from jaxshare import AliasMap, ProgressFn, Tied, dedupe, find_shared
+from jaxshare import AliasMap, ArrayInfo, ProgressFn, Tied, dedupe, find_shared
 from jaxshare.internal import (
     Perm,
     as_alias_map,
@@ -225,6 +225,18 @@ class _Shape:
     """Stands in for an alias's array that the tree does not hold."""
 
     shape: tuple[int, ...]
+
+
+def plan_torch_names(
+    stored: Mapping[str, ArrayInfo], alias_map: AliasMap, like: Source | None, rules: Rules
+) -> tuple[dict[str, tuple[str, Perm | None]], list[str]]:
+    """The PyTorch name and layout of every stored Flax path and alias, from
+    metadata alone: ``({flax path: (torch name, torch -> flax perm)}, flax paths in
+    output order)``."""
+    from bridge._to_flax import nest
+
+    plan = _plan_torch(nest(dict(stored)), alias_map, like, rules)
+    return plan.names, plan.order
 
 
 def _torch_tensors(plan: _TorchPlan, progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:

@@ -21,6 +21,8 @@ if typing.TYPE_CHECKING:
     from jaxshare._find import find_shared as find_shared
     from jaxshare._naming import Naming as Naming
     from jaxshare._naming import NamingRecord as NamingRecord
+    from jaxshare._plan import Plan as Plan
+    from jaxshare._plan import PlanEntry as PlanEntry
     from jaxshare._progress import ProgressFn as ProgressFn
     from jaxshare._report import ArrayInfo as ArrayInfo
     from jaxshare._report import TieReport as TieReport
@@ -35,6 +37,8 @@ __all__ = [
     "ArrayInfo",
     "Naming",
     "NamingRecord",
+    "Plan",
+    "PlanEntry",
     "ProgressFn",
     "TensorSource",
     "TieReport",
@@ -54,6 +58,8 @@ _HOMES = {
     "ArrayInfo": "jaxshare._report",
     "Naming": "jaxshare._naming",
     "NamingRecord": "jaxshare._naming",
+    "Plan": "jaxshare._plan",
+    "PlanEntry": "jaxshare._plan",
     "ProgressFn": "jaxshare._progress",
     "TensorSource": "jaxshare._source",
     "TieReport": "jaxshare._report",

@@ -66,12 +66,16 @@ class TensorSource(abc.ABC):
         """The whole tensor ``name``: a numpy array (read-only where it maps a
         file), or a ``torch.Tensor`` for in-memory PyTorch sources."""
 
+    def array(self, name: str) -> np.ndarray:
+        """The whole tensor ``name`` as a numpy array (no copy where it can be)."""
+        return np.asarray(self.read(name))
+
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``read(name)[index]`` as a numpy array; sources that can read part of
         a tensor without the rest (a mapped file) read only those bytes."""
         return np.asarray(self.read(name)[index])
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- optional: most sources hold no file open.
         """Releases files; arrays already returned stay valid."""
 
     def __enter__(self) -> TensorSource:

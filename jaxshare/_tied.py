@@ -15,9 +15,9 @@ from typing import Any
 import jax
 
 from jaxshare._alias import AliasMap, as_alias_map
-from jaxshare._naming import NamingRecord
 from jaxshare._edit import Absent, get_paths
 from jaxshare._leafkey import By
+from jaxshare._naming import NamingRecord
 from jaxshare._tie import dedupe, retie
 
 __all__ = ["Tied", "tie"]
