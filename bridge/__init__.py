@@ -21,6 +21,7 @@ from bridge._to_flax import to_flax
 from bridge._to_torch import to_torch
 from bridge._to_torch import torch_alias_map
 from bridge._torchfile import load_torch
+from bridge._torchfile import save_torch
 
 __all__ = [
     "DEFAULT_LAYERS",
@@ -34,6 +35,7 @@ __all__ = [
     "load_torch",
     "open_source",
     "save_safetensors",
+    "save_torch",
     "shared_params",
     "to_flax",
     "to_torch",

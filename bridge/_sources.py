@@ -86,6 +86,10 @@ class StateDictSource(TensorSource):
             self.kind = "torch"
             self.parts = (file_part(path, len(state)),)
 
+    @property
+    def written_out(self) -> frozenset[str]:
+        return frozenset()  # A tie is one tensor: its names share one memory.
+
     def read(self, name: str) -> torch.Tensor:
         return self.state[name]
 
@@ -137,6 +141,11 @@ def open_source(
             from bridge._torchfile import load_torch
 
             return StateDictSource(load_torch(path, mmap=True), rules, arg=str(path), path=path)
+        if path.is_dir():
+            raise ValueError(
+                f"{path}: not an Orbax checkpoint item, a Hugging Face directory (config.json "
+                "with .safetensors or .bin weights) or a DeepSpeed checkpoint folder."
+            )
         raise ValueError(
             f"{path}: expected a PyTorch weights file ({', '.join(WEIGHT_SUFFIXES)})."
         )

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bridge._shared import shared_params
-from jaxshare.formats import check_torch_file
+from bridge._tensors import tensor_of
+from jaxshare import Plan, ProgressFn, TensorSource
+from jaxshare.formats import check_torch_file, looks_like_torch_file
+from jaxshare.internal import OutputKind, atomic_output
 
-__all__ = ["load_torch", "safe_load", "unpickling_reason"]
+__all__ = ["TORCH_FILE", "load_torch", "safe_load", "save_torch", "unpickling_reason"]
 
 
 def load_torch(path: str | os.PathLike, /, *, mmap: bool = False) -> dict[str, torch.Tensor]:
@@ -159,3 +162,40 @@ def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
             )
         state[alias] = state[canonical]
     return state
+
+
+def save_torch(
+    plan: Plan,
+    source: TensorSource,
+    path: str | os.PathLike,
+    /,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """Writes the outputs of ``plan`` (PyTorch names), read from ``source``, as a
+    ``torch.save`` state dict in which every tie is one tensor again: an identical
+    alias the very tensor of its canonical, one with a transform a permuted view of
+    it (one storage in the file).
+
+    A pickle holds the whole state dict, so this output is built in memory. The
+    file is written at a temporary name and appears only when complete.
+
+    Raises:
+      FileExistsError: ``path`` exists and ``force`` is false.
+      ValueError: ``path`` is an input, or (with ``force``) not a PyTorch file.
+    """
+    state: dict[str, torch.Tensor] = {}
+    for entry, array in plan.arrays(source, progress):
+        state[entry.name] = tensor_of(array, key=entry.name)
+    amap = plan.alias_map
+    for alias, canonical in amap.items():
+        perm = amap.transform(alias)
+        state[alias] = state[canonical] if perm is None else state[canonical].permute(perm)
+    with atomic_output(path, TORCH_FILE, force=force, inputs=inputs) as tmp:
+        torch.save(state, tmp)
+
+
+#: A ``.pt``/``.bin`` output, for ``force``: replaces only a PyTorch file.
+TORCH_FILE = OutputKind("a PyTorch weights file", False, looks_like_torch_file)

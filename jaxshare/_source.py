@@ -89,16 +89,22 @@ class TensorSource(abc.ABC):
         """How messages name this source."""
         return str(self.path) if self.path is not None else f"the {self.kind}"
 
+    @property
+    def written_out(self) -> frozenset[str]:
+        """Aliases the source stores a second time (in :attr:`infos`, e.g. for
+        readers that know no ties); sources whose aliases share their canonical's
+        memory (a ``torch.save`` file) override this with none."""
+        return frozenset(a for a in self.ties if a in self.infos)
+
     def report(self) -> TieReport:
         """The tie report of this source (what ``jaxshare inspect`` prints)."""
         stored = {k: v for k, v in self.infos.items() if k not in self.ties}
-        written_out = frozenset(a for a in self.ties if a in self.infos)
         return TieReport(
             self.where,
             self.kind,
             stored,
             self.ties,
-            written_out,
+            self.written_out,
             dict(self.origins),
             tuple(self.parts),
         )

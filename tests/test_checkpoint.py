@@ -445,6 +445,7 @@ def test_public_names() -> None:
             "read_alias_map",
             "restore",
             "save",
+            "write_item",
         ]
     )
     for name in jc.__all__:

@@ -29,9 +29,10 @@ def test_console_script_entry_point():
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["inspect", "{tmp}/notes.txt"], "expected an Orbax checkpoint directory or a weights file"),
-        (["convert", "{tmp}", "{tmp}/out.npz"], "give it one of the suffixes"),
-        (["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"], "Flax names are written to .safetensors only"),
+        (["inspect", "{tmp}/notes.txt"], "expected an Orbax checkpoint, a Hugging Face or DeepSpeed"),
+        (["convert", "{tmp}", "{tmp}/out.npz"], "pass --format to say which"),
+        (["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"], "--names chooses the naming of a .safetensors output only"),
+        (["convert", "{tmp}", "{tmp}/out.pt", "--config", "c.json"], "--config and --max-shard-size are for"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):

@@ -77,7 +77,7 @@ def test_convert_to_safetensors_with_a_cast(
             ["convert", "{ckpt}", "{tmp}/x.safetensors", "--dtype", "int8"],
             "must be a floating dtype",
         ),
-        (["inspect", "{tmp}/empty"], "not an Orbax checkpoint item"),
+        (["inspect", "{tmp}/empty"], "not an Orbax checkpoint item, a Hugging Face directory"),
     ],
     ids=["exists", "bad_dtype", "not_a_checkpoint"],
 )

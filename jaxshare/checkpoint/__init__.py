@@ -10,6 +10,7 @@ the ``zero_to_fp32`` of this world.
 from jaxshare.checkpoint._api import read_alias_map
 from jaxshare.checkpoint._api import restore
 from jaxshare.checkpoint._api import save
+from jaxshare.checkpoint._api import write_item
 from jaxshare.checkpoint._consolidate import consolidate
 from jaxshare.checkpoint._consolidate import consolidate_to_safetensors
 from jaxshare.checkpoint._handler import SharedCheckpointHandler
@@ -31,4 +32,5 @@ __all__ = [
     "read_alias_map",
     "restore",
     "save",
+    "write_item",
 ]

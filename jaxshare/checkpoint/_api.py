@@ -15,11 +15,14 @@ from jax.experimental import multihost_utils
 
 from jaxshare._alias import AliasMap
 from jaxshare._output import atomic_output
+from jaxshare._plan import Plan
+from jaxshare._progress import ProgressFn
+from jaxshare._source import TensorSource
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
-from jaxshare.checkpoint._layout import ITEM, find_item
+from jaxshare.formats import ITEM, find_item
 
-__all__ = ["save", "restore", "read_alias_map"]
+__all__ = ["read_alias_map", "restore", "save", "write_item"]
 
 
 def save(
@@ -124,3 +127,31 @@ def read_alias_map(directory: str | os.PathLike) -> AliasMap:
       ValueError: the file is not a valid alias map (message names the file).
     """
     return read_alias_map_file(find_item(directory))
+
+
+def write_item(
+    directory: str | os.PathLike,
+    plan: Plan,
+    source: TensorSource,
+    /,
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
+    with the plan's alias map (and naming record).
+
+    Raises:
+      as :func:`save`.
+    """
+    from jaxshare._tied import Tied
+
+    unique: dict[str, Any] = {}
+    for entry, array in plan.arrays(source, progress):
+        node = unique
+        *parents, last = entry.name.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = jax.numpy.asarray(array) if array.dtype.itemsize < 8 else np.array(array)
+    save(directory, Tied(unique, plan.alias_map), force=force, inputs=inputs)

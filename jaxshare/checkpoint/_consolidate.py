@@ -17,9 +17,8 @@ from jaxshare._dtype import cast_to, float_dtype, numpy_dtype
 from jaxshare._perm import Perm
 from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
-from jaxshare.checkpoint._layout import find_item
 from jaxshare.checkpoint._read import LeafReader
-from jaxshare.formats import ALIAS_MAP_KEY, TensorSpec, write_safetensors
+from jaxshare.formats import ALIAS_MAP_KEY, TensorSpec, find_item, write_safetensors
 
 __all__ = ["consolidate", "consolidate_to_safetensors"]
 

@@ -3,7 +3,7 @@
 It pairs with :class:`SharedSave` and :class:`SharedRestore` the way Orbax's
 own handlers pair with their args, so ``ocp.CheckpointManager`` (directly or
 inside ``ocp.args.Composite``), async checkpointing and ``max_to_keep`` work
-unchanged. See :mod:`jaxshare.checkpoint._layout` for what an item holds.
+unchanged. See :mod:`jaxshare.formats` for what an item holds.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from jaxshare._tied import Tied
 from jaxshare.checkpoint._agree import check_same_on_all_processes
 from jaxshare.checkpoint._empty import split_empty
 from jaxshare.checkpoint._item import open_item
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
 from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
+from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
 

@@ -6,7 +6,7 @@ import os
 
 from jaxshare._report import TieReport
 from jaxshare.checkpoint._item import open_item
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, find_item
+from jaxshare.formats import ALIAS_MAP_FILE, find_item
 
 __all__ = ["inspect"]
 

@@ -24,7 +24,7 @@ from jaxshare._naming import NamingRecord
 from jaxshare._paths import flatten_with_paths, render
 from jaxshare._report import ArrayInfo
 from jaxshare.checkpoint._empty import EmptyArray, parse_record
-from jaxshare.checkpoint._layout import (
+from jaxshare.formats import (
     ALIAS_MAP_FILE,
     EMPTY_ARRAYS_KEY,
     NAMING_FILE,

@@ -19,8 +19,8 @@ from jaxshare._paths import flatten_with_paths, render
 from jaxshare._tie import dedupe, retie
 from jaxshare._tied import Tied
 from jaxshare.checkpoint._item import StoredItem, sample
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE
 from jaxshare.checkpoint._nested import expand, wrap
+from jaxshare.formats import ALIAS_MAP_FILE
 
 __all__ = ["restore_item"]
 

@@ -16,8 +16,8 @@ import numpy as np
 from jaxshare._dtype import float_dtype
 from jaxshare._source import Index, TensorSource
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
-from jaxshare.checkpoint._layout import ALIAS_MAP_FILE, find_item
 from jaxshare.checkpoint._read import LeafReader
+from jaxshare.formats import ALIAS_MAP_FILE, find_item
 
 __all__ = ["CheckpointSource", "open_source"]
 

@@ -1,44 +1,56 @@
-"""``jaxshare convert SRC DST``: the routes between weight files and Orbax items.
+"""``jaxshare convert SRC DST``: any input to any output, planned from metadata.
 
-- a PyTorch file (``.safetensors``/``.pt``/``.bin``) -> an Orbax item directory:
-  ``bridge.to_flax``, then ``jaxshare.checkpoint.save``;
-- an Orbax item -> ``.safetensors`` in Flax names:
-  ``jaxshare.checkpoint.consolidate_to_safetensors``;
-- an Orbax item -> ``.safetensors``/``.pt``/``.bin`` in PyTorch names: consolidate,
-  then ``bridge.to_torch``.
+The input is opened as a :class:`jaxshare.TensorSource` (``_open``); the output's
+format comes from ``--format``, or else from DST: ``.safetensors``, a PyTorch
+file (``.pt``/``.bin``/``.pth``), or a directory -- a Hugging Face directory when
+``--config`` or ``--max-shard-size`` is given, an Orbax item otherwise. A plan
+(:class:`jaxshare.Plan`) then names every output tensor from metadata alone:
 
-Every route checks its paths first (the destination is no input; ``--force``
-replaces only an output of the same kind) and writes through a temporary name.
+- PyTorch names -> Flax paths: ``bridge.flax_plan``;
+- Flax paths -> PyTorch names: ``bridge.torch_plan`` (the naming record a
+  conversion stored makes it exact);
+- same naming: ``Plan.identity`` (re-shard, cast, re-tie);
+
+and a writer streams the outputs one tensor at a time: an Orbax item, a
+``.safetensors`` file, a Hugging Face directory. A PyTorch file is a pickle of
+the whole state dict, so that one output is built in memory.
+
+Every route checks its paths first (the output is no input; ``--force`` replaces
+only an output of the same kind) and writes through a temporary name.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from jaxshare import ProgressFn
+from jaxshare import Plan, ProgressFn, TensorSource
 from jaxshare.cli._main import CLIError
-from jaxshare.formats import TORCH_SUFFIXES, WEIGHT_SUFFIXES, looks_like_torch_file
-from jaxshare.internal import OutputKind, atomic_output, cast_to, float_dtype
+from jaxshare.cli._open import bridge, flax_named, open_input
+from jaxshare.formats import TORCH_SUFFIXES, save_plan
+from jaxshare.internal import float_dtype
 
-__all__ = ["TORCH_FILE", "bridge", "convert"]
-
-#: A ``.pt``/``.bin`` output, for ``--force``.
-TORCH_FILE = OutputKind("a PyTorch weights file", False, looks_like_torch_file)
+__all__ = ["convert", "output_format"]
 
 
-def bridge() -> ModuleType:
-    """The PyTorch bridge, or a usage error saying how to install it."""
-    try:
-        import bridge as module
-    except ImportError as e:
+def output_format(
+    dst: Path, given: str | None, *, hf_options: bool
+) -> str:
+    """The output format: ``given``, or what DST's suffix (or the options) say."""
+    if given is not None:
+        return given
+    if dst.suffix == ".safetensors":
+        return "safetensors"
+    if dst.suffix in TORCH_SUFFIXES:
+        return "torch"
+    if dst.suffix:
         raise CLIError(
-            f"PyTorch files need the PyTorch bridge ({e}); install it with "
-            "`pip install 'jaxshare[torch]'`."
-        ) from e
-    return module
+            f"{dst}: an output is a directory (an Orbax item, or a Hugging Face directory "
+            "with --config), a .safetensors file or a PyTorch file (.pt, .bin); pass "
+            "--format to say which."
+        )
+    return "hf" if hf_options else "orbax"
 
 
 def convert(
@@ -47,101 +59,105 @@ def convert(
     *,
     dtype: Any = None,
     names: str | None = None,
+    output: str | None = None,
+    config: str | os.PathLike | None = None,
+    max_shard_size: str | int | None = None,
     force: bool = False,
     progress: ProgressFn | None = None,
 ) -> None:
-    """Converts ``src`` to ``dst`` by the route their kinds select (module docstring).
+    """Converts ``src`` to ``dst`` (see the module docstring).
 
     Raises:
-      CLIError: no route between what ``src`` and ``dst`` are.
+      CLIError: options that do not fit the input or output.
       FileNotFoundError, FileExistsError, ValueError: bad input or destination.
     """
     src, dst = Path(src), Path(dst)
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: no such file or directory.")
     float_dtype(dtype)  # A bad --dtype fails before anything is read.
-    if src.is_dir():
-        if dst.suffix not in WEIGHT_SUFFIXES:
-            raise CLIError(
-                f"{dst}: converting an Orbax checkpoint writes a weights file; give it "
-                f"one of the suffixes {', '.join(WEIGHT_SUFFIXES)}."
-            )
-        names = names or ("torch" if dst.suffix in TORCH_SUFFIXES else "flax")
-        if names == "flax":
-            if dst.suffix != ".safetensors":
-                raise CLIError(f"{dst}: Flax names are written to .safetensors only.")
-            from jaxshare import checkpoint
-
-            checkpoint.consolidate_to_safetensors(
-                src, dst, dtype=dtype, force=force, progress=progress
-            )
+    fmt = output_format(dst, output, hf_options=config is not None or max_shard_size is not None)
+    if fmt != "hf" and (config is not None or max_shard_size is not None):
+        raise CLIError("--config and --max-shard-size are for Hugging Face directory outputs.")
+    if names is not None and fmt != "safetensors":
+        raise CLIError("--names chooses the naming of a .safetensors output only.")
+    with open_input(src) as source:
+        flax = flax_named(source)
+        if fmt == "orbax":
+            plan = Plan.identity(source) if flax else bridge().flax_plan(source)
+            _write_orbax(dst, plan.cast(dtype), source, force, progress, src)
+        elif fmt == "safetensors":
+            _write_safetensors(dst, source, flax, names, dtype, force, progress, src)
+        elif fmt == "torch":
+            _write_torch_file(dst, source, flax, dtype, force, progress, src)
         else:
-            _orbax_to_torch(src, dst, dtype=dtype, force=force, progress=progress)
-    elif src.suffix in WEIGHT_SUFFIXES:
-        _file_to_orbax(src, dst, dtype=dtype, force=force, progress=progress)
-    else:
+            plan = bridge().torch_plan(source) if flax else Plan.identity(source)
+            bridge().save_hf(
+                dst,
+                source,
+                plan=plan.cast(dtype),
+                config=config if config is not None else _config_of(source, dst),
+                max_shard_size=max_shard_size,
+                force=force,
+                inputs=[src],
+                progress=progress,
+            )
+
+
+def _config_of(source: TensorSource, dst: Path) -> Any:
+    config = getattr(source, "config", None)
+    if config is None:
         raise CLIError(
-            f"{src}: expected an Orbax checkpoint directory or a weights file "
-            f"({', '.join(WEIGHT_SUFFIXES)})."
+            f"{dst}: a Hugging Face directory needs a config.json: pass --config "
+            "(the input has none)."
         )
+    return config
 
 
-def _file_to_orbax(
-    src: Path, dst: Path, *, dtype: Any, force: bool, progress: ProgressFn | None
+def _write_orbax(
+    dst: Path,
+    plan: Plan,
+    source: TensorSource,
+    force: bool,
+    progress: ProgressFn | None,
+    src: Path,
 ) -> None:
-    """A PyTorch weights file -> an Orbax item in Flax names, ties as its alias map."""
-    import jaxshare
     from jaxshare import checkpoint
 
-    b = bridge()
-    state = b.load_safetensors(src) if src.suffix == ".safetensors" else b.load_torch(src)
-    variables, amap = b.to_flax(state)
-    tied = jaxshare.tie(variables, amap)
-    cast = float_dtype(dtype)
-    import jax
-
-    leaves = jax.tree_util.tree_leaves(tied.unique)
-    done = 0
-
-    def cast_leaf(x: Any) -> Any:
-        nonlocal done
-        target = cast_to(x.dtype, cast)
-        y = x if x.dtype == target else x.astype(target)
-        done += 1
-        if progress is not None:
-            progress(done, len(leaves), "", int(y.nbytes))
-        return y
-
-    unique = jax.tree.map(cast_leaf, tied.unique)
-    checkpoint.save(dst, jaxshare.Tied(unique, amap), force=force, inputs=[src])
+    checkpoint.write_item(dst, plan, source, force=force, inputs=[src], progress=progress)
 
 
-def _orbax_to_torch(
-    src: Path, dst: Path, *, dtype: Any, force: bool, progress: ProgressFn | None
+def _write_safetensors(
+    dst: Path,
+    source: TensorSource,
+    flax: bool,
+    names: str | None,
+    dtype: Any,
+    force: bool,
+    progress: ProgressFn | None,
+    src: Path,
 ) -> None:
-    """An Orbax item -> a PyTorch weights file, every tie one tensor again."""
-    from jaxshare import checkpoint
+    names = names or ("flax" if flax else "torch")
+    if flax and names == "flax" and source.kind == "orbax":
+        from jaxshare import checkpoint
 
-    b = bridge()
-    flat = checkpoint.consolidate(src, dtype=dtype)
-    amap = checkpoint.read_alias_map(src)
-    unique: dict[str, Any] = {}
-    for path, array in flat.items():
-        if path in amap:
-            continue
-        node = unique
-        *parents, last = path.split("/")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = array
-    state = b.to_torch(unique, amap)
-    if progress is not None:
-        for i, (name, t) in enumerate(state.items(), 1):
-            progress(i, len(state), name, t.numel() * t.element_size())
-    if dst.suffix == ".safetensors":
-        b.save_safetensors(state, dst, force=force, inputs=[src])
+        # Every alias written out too, for readers that know no ties.
+        checkpoint.consolidate_to_safetensors(src, dst, dtype=dtype, force=force,
+                                              progress=progress)
         return
-    import torch
+    if names == "flax":
+        plan = Plan.identity(source) if flax else bridge().flax_plan(source)
+    else:
+        plan = bridge().torch_plan(source) if flax else Plan.identity(source)
+    save_plan(dst, plan.cast(dtype), source, force=force, inputs=[src], progress=progress)
 
-    with atomic_output(dst, TORCH_FILE, force=force, inputs=[src]) as tmp:
-        torch.save(state, tmp)
+
+def _write_torch_file(
+    dst: Path,
+    source: TensorSource,
+    flax: bool,
+    dtype: Any,
+    force: bool,
+    progress: ProgressFn | None,
+    src: Path,
+) -> None:
+    b = bridge()
+    plan = b.torch_plan(source) if flax else Plan.identity(source)
+    b.save_torch(plan.cast(dtype), source, dst, force=force, inputs=[src], progress=progress)

@@ -16,6 +16,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+#: ``--format`` choices (kept here so that ``--help`` imports nothing else).
+FORMATS = ("orbax", "safetensors", "torch", "hf")
+
 __all__ = ["CLIError", "build_parser", "main"]
 
 
@@ -46,6 +49,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             args.dst,
             dtype=args.dtype,
             names=args.names,
+            output=args.format,
+            config=args.config,
+            max_shard_size=args.max_shard_size,
             force=args.force,
             progress=progress,
         )
@@ -67,20 +73,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("inspect", help="show the tie groups of a checkpoint or weights file")
+    p = sub.add_parser(
+        "inspect", help="show the tie groups of a checkpoint, model directory or weights file"
+    )
     p.add_argument(
-        "path", help="Orbax checkpoint item (or step) directory, .safetensors, .pt or .bin"
+        "path",
+        help="an Orbax item (or step) directory, a Hugging Face or DeepSpeed directory, "
+        "an index .json, .safetensors, .pt or .bin",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser(
         "convert",
-        help="PyTorch file -> Orbax checkpoint, or Orbax checkpoint -> .safetensors/.pt",
+        help="between Orbax items, Hugging Face and DeepSpeed directories and weight files",
     )
-    p.add_argument("src", help="Orbax checkpoint item directory, or a PyTorch weights file")
-    p.add_argument("dst", help="output: a directory for Orbax, or .safetensors/.pt/.bin")
+    p.add_argument("src", help="any input `inspect` takes")
+    p.add_argument(
+        "dst",
+        help="output: a directory (an Orbax item; a Hugging Face directory with --config or "
+        "--max-shard-size), .safetensors, or .pt/.bin",
+    )
+    p.add_argument(
+        "--format", choices=FORMATS, default=None, help="the output format, if DST leaves it open"
+    )
     p.add_argument("--dtype", default=None, help="cast floating arrays, e.g. float32")
+    p.add_argument(
+        "--config", default=None, help="config.json of a Hugging Face directory output"
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default=None,
+        help="largest shard of a Hugging Face directory output, e.g. 5GB (default 50GB)",
+    )
     p.add_argument(
         "--names",
         choices=("flax", "torch"),

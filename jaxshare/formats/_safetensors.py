@@ -35,6 +35,8 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output
+from jaxshare._plan import Plan
+from jaxshare._progress import ProgressFn
 from jaxshare._report import ArrayInfo, TieReport
 from jaxshare._source import Index, TensorSource, file_part
 
@@ -53,6 +55,7 @@ __all__ = [
     "is_safetensors_file",
     "tie_metadata",
     "read_header",
+    "save_plan",
     "write_safetensors",
 ]
 
@@ -489,3 +492,37 @@ def write_safetensors(
                 raise ValueError(f"{path}: wrote {written} of {len(specs)} tensors.")
             f.flush()
             os.fsync(f.fileno())
+
+
+def save_plan(
+    path: str | os.PathLike,
+    plan: Plan,
+    source: TensorSource,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """Writes the outputs of ``plan``, read from ``source`` one at a time, to a
+    ``.safetensors`` file whose metadata records the plan's ties (and naming).
+
+    Memory holds about one tensor: each is read, cast and transposed as the plan
+    says, written, and dropped before the next. The file appears only when
+    complete.
+
+    >>> import tempfile
+    >>> from jaxshare import Plan
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> save_file({"w": np.ones((2, 3), np.float32)}, d + "/in.safetensors")
+    >>> with SafetensorsFile(d + "/in.safetensors") as source:
+    ...     save_plan(d + "/out.safetensors", Plan.identity(source).cast("bfloat16"), source)
+    >>> read_header(d + "/out.safetensors").tensors["w"].dtype
+    'bfloat16'
+    """
+    specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
+    meta = {"format": "pt", **(metadata or {}), **tie_metadata(plan.alias_map)}
+    with write_safetensors(path, specs, meta, force=force, inputs=inputs) as write:
+        for _, array in plan.arrays(source, progress):
+            write((array,))
