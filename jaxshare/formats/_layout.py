@@ -78,7 +78,7 @@ def find_item(directory: str | os.PathLike) -> Path:
     if steps:
         latest = max(steps, key=int)
         raise ValueError(
-            f"{path} is a CheckpointManager directory with steps {sorted(steps, key=int)}; "
+            f"{path} is a CheckpointManager directory with steps {sorted(map(int, steps))}; "
             f"pass one step, e.g. {path / latest}."
         )
     raise FileNotFoundError(

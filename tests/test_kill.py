@@ -1,0 +1,100 @@
+"""A ``convert`` killed with SIGKILL part-way through a large write: the previous
+output is intact, and the next run to the same destination leaves no stray file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import bridge
+
+MIB = 2**20
+
+
+def _digest(path: Path) -> str:
+    if path.is_file():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return str(sorted((str(p.relative_to(path)), p.stat().st_size) for p in path.rglob("*")))
+
+
+def _strays(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+def _written(parent: Path, name: str) -> int:
+    """Bytes written so far under the temporary names of ``name``."""
+    total = 0
+    for p in parent.iterdir():
+        if p.name.startswith(f".{name}.jaxshare-tmp-"):
+            files = [p] if p.is_file() else list(p.rglob("*"))
+            total += sum(f.stat().st_size for f in files if f.is_file())
+    return total
+
+
+def _kill_mid_write(argv: list[str], parent: Path, name: str, at_bytes: int) -> None:
+    """Runs ``jaxshare`` and SIGKILLs it once ``at_bytes`` are written under the
+    output's temporary name (an Orbax write may buffer: then once the temporary
+    directory exists and a moment has passed)."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "jaxshare.cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    ) as proc:
+        deadline = time.monotonic() + 240
+        started = None
+        while True:
+            written = _written(parent, name)
+            if written >= at_bytes:
+                break
+            if _strays(parent, name) and started is None:
+                started = time.monotonic()
+            if started is not None and not Path(name).suffix and time.monotonic() - started > 1:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"convert ended before it was killed: {proc.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("convert wrote too little in time to be killed part-way")
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    """A 192 MiB safetensors file: large enough that a write takes a while."""
+    path = tmp_path_factory.mktemp("big") / "big.safetensors"
+    save_file({f"w{i}": np.full((8 * MIB,), i, np.float32) for i in range(6)}, path)
+    return path
+
+
+@pytest.mark.parametrize("dst_name, extra", [("out.safetensors", ["--names", "torch"]),
+                                             ("ckpt", [])])
+def test_a_killed_convert_keeps_the_previous_output(big, tmp_path, dst_name, extra):
+    dst = tmp_path / dst_name
+    small = tmp_path / "small.safetensors"
+    bridge.save_safetensors({"w0": __import__("torch").zeros(2)}, small)
+    subprocess.run([sys.executable, "-m", "jaxshare.cli", "convert", "--quiet", str(small),
+                    str(dst), *extra], check=True, capture_output=True)
+    previous = _digest(dst)
+
+    _kill_mid_write(["convert", "--quiet", "--force", str(big), str(dst), *extra],
+                    tmp_path, dst_name, at_bytes=32 * MIB)
+    assert _digest(dst) == previous
+    assert _strays(tmp_path, dst_name)  # The killed run's temporary output is left...
+
+    done = subprocess.run([sys.executable, "-m", "jaxshare.cli", "convert", "--quiet",
+                           "--force", str(small), str(dst), *extra], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert _strays(tmp_path, dst_name) == []  # ...and the next run clears it away.
