@@ -41,7 +41,8 @@ def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) ->
     opened = open_source(source, rules)
     ties = opened.ties
     target = None if like is None else target_tree(like)
-    plan = plan_flax(torch_leaves(opened, rules), ties, target, rules, ties.naming)
+    leaves = torch_leaves(opened, rules, guess=target is None)
+    plan = plan_flax(leaves, ties, target, rules, ties.naming)
     entries = []
     for key in plan.stored:
         slot = plan.slots[key]

@@ -44,11 +44,13 @@ Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | Tens
 
 
 def torch_leaves(
-    source: TensorSource, rules: Rules, ties: AliasMap | None = None
+    source: TensorSource, rules: Rules, ties: AliasMap | None = None, *, guess: bool = True
 ) -> list[TorchLeaf]:
     """What the rules need to know of each tensor of ``source``: its name, shape
     (an alias the source does not store takes its canonical's), layer kind (the
-    source's, else guessed from the module name) and whether it is a buffer."""
+    source's, else -- with ``guess`` -- guessed from the module name) and whether
+    it is a buffer. With a target tree (``like=``) nothing is guessed: its paths and
+    shapes choose among every candidate."""
     ties = source.ties if ties is None else ties
     layers = source.layers or {}
     buffers = getattr(source, "buffers", None)
@@ -64,7 +66,7 @@ def torch_leaves(
     leaves = []
     for key, shape in shapes.items():
         owner = key.rpartition(".")[0]
-        layer = layers.get(owner) or guess_kind(owner, rules)
+        layer = layers.get(owner) or (guess_kind(owner, rules) if guess else None)
         buffer = None if buffers is None else key in buffers
         leaves.append(TorchLeaf(key, tuple(shape), layer, buffer))
     return leaves
@@ -314,7 +316,8 @@ def flax_conversion(
     try:
         target = None if like is None else target_tree(like)
         ties = source.ties
-        plan = plan_flax(torch_leaves(source, rules), ties, target, rules, ties.naming)
+        leaves = torch_leaves(source, rules, guess=target is None)
+        plan = plan_flax(leaves, ties, target, rules, ties.naming)
         return _flax_arrays(source, plan, target, progress), plan.alias_map, target
     finally:
         if source is not state_dict_or_module:
@@ -418,7 +421,7 @@ def flax_alias_map(
         ties.update(aliases)
         merged = AliasMap(ties, transforms=opened.ties.transforms)
         target = None if like is None else target_tree(like)
-        leaves = torch_leaves(opened, rules, merged)
+        leaves = torch_leaves(opened, rules, merged, guess=target is None)
         return plan_flax(leaves, merged, target, rules).alias_map.with_naming(None)
     finally:
         if opened is not source:

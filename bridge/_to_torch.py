@@ -191,7 +191,7 @@ def _plan_torch(
             else:
                 names[path] = recorded
     else:
-        torch_side = torch_leaves(open_source(like, rules, arg="like"), rules)
+        torch_side = torch_leaves(open_source(like, rules, arg="like"), rules, guess=False)
         index = {p: tuple(leaf.value.shape) for p, leaf in leaves.items()}
         slots, problems = place(
             torch_side, index, rules, optional=filled_by_map, what="`variables`"
