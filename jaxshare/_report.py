@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from jaxshare._alias import AliasMap
-from jaxshare._dtype import numpy_dtype
+from jaxshare._dtype import itemsize
 from jaxshare._perm import Perm, permute_shape
 
 __all__ = ["ArrayInfo", "TieReport", "format_bytes"]
@@ -29,7 +29,7 @@ class ArrayInfo:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
+        return math.prod(self.shape) * itemsize(self.dtype)
 
     def permuted(self, perm: Perm | None) -> ArrayInfo:
         """The info of this array transposed by ``perm``."""

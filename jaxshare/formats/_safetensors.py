@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxshare._alias import AliasMap
-from jaxshare._dtype import numpy_dtype
+from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output
 from jaxshare._plan import Plan
@@ -250,7 +250,7 @@ def _entry(path: Path, name: str, entry: Any) -> TensorEntry:
         or offsets[0] > offsets[1]
     ):
         raise _bad(path, f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
-    nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
+    nbytes = math.prod(shape) * itemsize(dtype)
     if offsets[1] - offsets[0] != nbytes:
         raise _bad(
             path,
