@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Tests and the demo see 8 fake CPU devices, so sharded code paths run everywhere.
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench fixtures clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,13 @@ $(BENCH_VENV)/.installed-stamp: pyproject.toml constraints.txt
 
 bench: $(BENCH_VENV)/.installed-stamp
 	for b in benchmarks/*.py; do $(BENCH_VENV)/bin/python $$b || exit 1; done
+
+# The DeepSpeed ZeRO checkpoints under tests/data/deepspeed, written by the real DeepSpeed
+# on the CPU (gloo; its CPU communication op is compiled once into build/). `make test`
+# reads the committed folders and never needs deepspeed.
+fixtures: $(BENCH_VENV)/.installed-stamp
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions \
+		$(BENCH_VENV)/bin/python tests/data/deepspeed/make_fixtures.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -18,16 +18,20 @@ from bridge._to_flax import flax_alias_map
 from bridge._to_flax import to_flax
 from bridge._to_torch import to_torch
 from bridge._to_torch import torch_alias_map
+from bridge._zero import DeepSpeedCheckpoint
+from bridge._zero import load_deepspeed
 
 __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_RULES",
+    "DeepSpeedCheckpoint",
     "Rule",
     "Rules",
     "convert_from_orbax",
     "convert_to_orbax",
     "flax_alias_map",
     "inspect",
+    "load_deepspeed",
     "load_safetensors",
     "load_torch",
     "save_safetensors",
