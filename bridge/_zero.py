@@ -363,7 +363,8 @@ class DeepSpeedCheckpoint:
                 self._add(name, _Source("zero2", numel, g, offset), shape, dtype)
                 offset += numel + (int(pads[i]) if pads is not None else 0)
             available = sum(parts[g].numel() for parts in self._parts)
-            if -(-offset // align) != -(-available // align):  # DeepSpeed's own check
+            # DeepSpeed's own check, and the last parameter must be there whole.
+            if offset > available or -(-offset // align) != -(-available // align):
                 raise ValueError(
                     f"{self.folder}: parameter group {g} needs {offset} elements but the "
                     f"ranks' partitions hold {available}; a file is damaged or from another run."
