@@ -19,8 +19,11 @@ exactly as DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` does:
   the same offset of every rank's ``fp32_flat_groups``, the last rank padded;
 - each ``shared_params`` alias whose canonical was rebuilt is that very tensor.
 
-ZeRO-0 folders store no partitions; their tensors are the stored ``module``
-(DeepSpeed's function refuses them), with tensors over one storage tied.
+Beyond ``zero_to_fp32``: ZeRO-0 folders (which it refuses) give the stored
+``module``, tensors over one storage tied; under ZeRO-1/2 a name the stored
+``module`` holds and ``zero_to_fp32`` drops (ZeRO-1 records no frozen
+parameters) is read from the module. Tensor-, pipeline- and expert-parallel
+folders are refused, as ``zero_to_fp32`` cannot consolidate them either.
 
 Files are memory-mapped (``torch.load(mmap=True, weights_only=True)`` with
 DeepSpeed's classes as inert stand-ins, see :mod:`bridge._zero_pickle`), so the
@@ -53,6 +56,8 @@ _MODEL_STATES = "mp_rank_00_model_states.pt"
 _ZERO3_MODEL = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
 _OPTIM = re.compile(r"(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 _TAG = re.compile(r"[^/\\\x00]+")
+#: file name prefixes of layouts zero_to_fp32 cannot consolidate either
+_UNSUPPORTED = {"layer_": "a pipeline-parallel", "expp_rank_": "an expert-parallel (MoE)"}
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,16 @@ class DeepSpeedCheckpoint:
 
     def _read_model_states(self) -> None:
         folder = self.folder
+        for p in sorted(folder.iterdir()):
+            layout = next((v for k, v in _UNSUPPORTED.items() if p.name.startswith(k)), None)
+            mp = re.search(r"mp_rank_(\d+)", p.name)
+            if mp and int(mp[1]) != 0:
+                layout = "a tensor-parallel"
+            if layout:
+                raise ValueError(
+                    f"{folder}: holds {p.name}, a file of {layout} checkpoint; only "
+                    "data-parallel ZeRO checkpoints are supported (as by zero_to_fp32)."
+                )
         zero3 = sorted(
             (int(m[1]), p) for p in folder.iterdir() if (m := _ZERO3_MODEL.fullmatch(p.name))
         )
@@ -162,7 +177,7 @@ class DeepSpeedCheckpoint:
                 f"{folder}: expected a DeepSpeed checkpoint tag folder holding "
                 f"{_MODEL_STATES} (ZeRO-0/1/2) or zero_pp_rank_R_mp_rank_00_model_states.pt "
                 f"(ZeRO-3), found {found or 'nothing'}; pass the folder `save_checkpoint` "
-                "wrote (with `latest`) or one of its tag folders."
+                "wrote (with `latest`), one of its tag folders, or `tag=`."
             )
         first = self._model_file(0)
         self._first_file = self._model_files[0]
@@ -216,15 +231,10 @@ class DeepSpeedCheckpoint:
 
     def _index_partitions(self) -> None:
         optim = sorted(
-            (int(m[2]), p, m[1] or "", int(m[3]))
+            (int(m[2]), p, m[1] or "")
             for p in self.folder.iterdir()
             if (m := _OPTIM.fullmatch(p.name))
         )
-        if any(mp != 0 for *_, mp in optim):
-            raise ValueError(
-                f"{self.folder}: holds tensor-parallel optimizer files (mp_rank other than 00); "
-                "only data-parallel ZeRO checkpoints are supported (as by zero_to_fp32)."
-            )
         if self._param_shapes is None:  # ZeRO-0: the module is the model
             self.stage = 0
             self.world_size = int(self._first.get("dp_world_size") or 1)
@@ -240,7 +250,7 @@ class DeepSpeedCheckpoint:
                 "none; copy them from the training run (the model states alone hold no "
                 "fp32 weights)."
             )
-        prefixes = {prefix for _, _, prefix, _ in optim}
+        prefixes = {prefix for _, _, prefix in optim}
         if len(prefixes) > 1:
             raise ValueError(
                 f"{self.folder}: holds optimizer files both with and without the `bf16_` "

@@ -355,12 +355,16 @@ def hostile_files(tmp_path, marker):
         ("empty", r"not a PyTorch file torch\.load can read \(the file ends early\)"),
     ],
 )
-def test_a_bad_rank_file_is_refused_in_one_line_and_nothing_changes(tmp_path, case, match):
+@pytest.mark.parametrize(
+    "target",
+    ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"],
+)
+def test_a_bad_rank_file_is_refused_in_one_line_and_nothing_changes(tmp_path, case, match, target):
     marker = tmp_path / "pwned"
     content = hostile_files(tmp_path, marker)[case]
     folder = tmp_path / "ckpt"
     shutil.copytree(DATA / "gpt2_z3_w2_fp32", folder)
-    bad = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    bad = folder / "global_step2" / target
     bad.write_bytes(content)
     before = digest(folder)
     with pytest.raises(ValueError) as info:
@@ -459,6 +463,12 @@ def _copy(tmp_path, name="gpt2_z2_w2_bf16"):
          ValueError, r"latest: expected the name of a tag folder beside it, found '\.\./\.\./etc'"),
         (lambda f: (f / "global_step2" / "mp_rank_00_model_states.pt").unlink(),
          ValueError, "expected a DeepSpeed checkpoint tag folder holding mp_rank_00_model_states"),
+        (lambda f: (f / "global_step2" / "mp_rank_01_model_states.pt").write_bytes(b""),
+         ValueError, "holds mp_rank_01_model_states.pt, a file of a tensor-parallel checkpoint"),
+        (lambda f: (f / "global_step2" / "layer_01-model_00-model_states.pt").write_bytes(b""),
+         ValueError, "a file of a pipeline-parallel checkpoint"),
+        (lambda f: (f / "global_step2" / "expp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b""),
+         ValueError, r"a file of an expert-parallel \(MoE\) checkpoint"),
         (lambda f: shutil.copy(
             DATA / "gpt2_z2_w1_fp32" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
             f / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
