@@ -9,7 +9,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Nothing is ever downloaded from a model hub, by tests or by the demo.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint venv bench clean
+.PHONY: demo test lint venv bench fixtures clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,13 @@ $(BENCH_VENV)/.installed-stamp: pyproject.toml constraints/common.txt constraint
 
 bench: $(BENCH_VENV)/.installed-stamp
 	for b in benchmarks/*.py; do $(BENCH_VENV)/bin/python $$b || exit 1; done
+
+# The DeepSpeed ZeRO checkpoints under tests/data/deepspeed, written by the real DeepSpeed
+# on the CPU (gloo; its CPU communication op is compiled once into build/). `make test`
+# reads the committed folders and never needs deepspeed.
+fixtures: $(BENCH_VENV)/.installed-stamp
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions \
+		$(BENCH_VENV)/bin/python tests/data/deepspeed/make_fixtures.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -22,15 +22,19 @@ from bridge._to_torch import to_torch
 from bridge._to_torch import torch_alias_map
 from bridge._torchfile import load_torch
 from bridge._torchfile import save_torch
+from bridge._zero import DeepSpeedCheckpoint
+from bridge._zero import load_deepspeed
 
 __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_LAYER_NAMES",
     "DEFAULT_RULES",
+    "DeepSpeedCheckpoint",
     "Rule",
     "Rules",
     "flax_alias_map",
     "flax_plan",
+    "load_deepspeed",
     "load_safetensors",
     "load_torch",
     "open_source",

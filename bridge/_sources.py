@@ -24,7 +24,7 @@ from jaxshare import AliasMap, ArrayInfo, TensorSource
 from jaxshare.formats import TORCH_SUFFIXES, WEIGHT_SUFFIXES, SafetensorsFile
 from jaxshare.internal import Index, file_part
 
-__all__ = ["StateDictSource", "as_numpy", "open_source"]
+__all__ = ["StateDictSource", "as_numpy", "is_deepspeed_folder", "open_source"]
 
 
 class StateDictSource(TensorSource):
@@ -110,6 +110,12 @@ def as_numpy(value: Any, name: str = "?") -> np.ndarray:
     return np.asarray(value)
 
 
+def is_deepspeed_folder(path: Path) -> bool:
+    """Whether ``path`` looks like a DeepSpeed checkpoint: a folder holding ``latest``,
+    or a tag folder holding model-states files."""
+    return (path / "latest").is_file() or any(path.glob("*model_states.pt"))
+
+
 def open_source(
     what: Any, rules: Rules | None = None, *, arg: str = "state_dict_or_module"
 ) -> TensorSource:
@@ -118,7 +124,8 @@ def open_source(
     Args:
       what: a source already; a ``torch.nn.Module`` or state dict; or a path:
         a ``.safetensors`` file (mapped, read lazily), a ``.pt``/``.bin``/``.pth``
-        file (loaded with ``weights_only=True``, memory-mapped where it can be).
+        file (loaded with ``weights_only=True``, memory-mapped where it can be), a
+        DeepSpeed checkpoint folder (:class:`bridge.DeepSpeedCheckpoint`).
       rules: the naming rules (their layer table types a module's layers).
 
     Raises:
@@ -141,6 +148,10 @@ def open_source(
             from bridge._torchfile import load_torch
 
             return StateDictSource(load_torch(path, mmap=True), rules, arg=str(path), path=path)
+        if path.is_dir() and is_deepspeed_folder(path):
+            from bridge._zero import DeepSpeedCheckpoint
+
+            return DeepSpeedCheckpoint(path)
         if path.is_dir():
             raise ValueError(
                 f"{path}: not an Orbax checkpoint item, a Hugging Face directory (config.json "

@@ -380,7 +380,9 @@ def to_flax(
     >>> variables, aliases = to_flax(torch.nn.ModuleDict({"wte": emb, "lm_head": head}))
     >>> aliases
     AliasMap({'params/lm_head/kernel': 'params/wte/embedding'},
-             transforms={'params/lm_head/kernel': (1, 0)})
+             transforms={'params/lm_head/kernel': (1, 0)}, naming=NamingRecord(2 leaves))
+    >>> aliases.naming["params/lm_head/kernel"]
+    Naming(torch='lm_head.weight', permute=(1, 0))
     >>> variables["params"]["lm_head"]["kernel"].shape
     (4, 10)
     """
@@ -409,9 +411,10 @@ def flax_alias_map(
       like, rules: as in :func:`to_flax`.
 
     >>> import torch
-    >>> sd = {"wte.weight": torch.zeros(10, 4), "head.weight": torch.zeros(10, 4)}
-    >>> flax_alias_map({"head.weight": "wte.weight"}, sd)
-    AliasMap({'params/head/kernel': 'params/wte/kernel'})
+    >>> sd = {"wte.weight": torch.zeros(10, 4)}  # DeepSpeed did not store lm_head.weight
+    >>> flax_alias_map({"lm_head.weight": "wte.weight"}, sd)
+    AliasMap({'params/lm_head/kernel': 'params/wte/embedding'},
+             transforms={'params/lm_head/kernel': (1, 0)})
     """
     rules = as_rules(rules)
     aliases = torch_aliases(aliases, "aliases")

@@ -91,11 +91,16 @@ def unpickling_reason(error: BaseException) -> str:
     >>> unpickling_reason(Exception("Weights only load failed.\\n\\n"
     ...     "Trying to load unsupported GLOBAL posix.system whose module posix is blocked."))
     'Trying to load unsupported GLOBAL posix.system whose module posix is blocked'
+    >>> unpickling_reason(Exception("Weights only load failed.\\nPlease file an issue with the "
+    ...     "following: WeightsUnpickler error: \\n\\nUnsupported operand 123\\n\\nCheck the docs"))
+    'Unsupported operand 123'
     """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
+    for i, line in enumerate(lines):
         if "GLOBAL" in line or "Unsupported" in line or "WeightsUnpickler error" in line:
-            line = line.removeprefix("WeightsUnpickler error:").strip()
+            line = line.split("WeightsUnpickler error:")[-1].strip()
+            if not line and i + 1 < len(lines):  # torch puts the reason on the next line
+                line = lines[i + 1]
             return line.split(". Please use")[0].rstrip(".")
     return lines[-1] if lines else type(error).__name__
 

@@ -10,7 +10,7 @@ directory) ask it for one output array at a time, read from the source with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,6 +104,13 @@ class Plan:
                 f"for {entry.name!r} expects {tuple(entry.info.shape)}."
             )
         return x
+
+    def blocks(self, source: TensorSource, entry: PlanEntry) -> Iterable[np.ndarray]:
+        """The output of ``entry`` as blocks in C order: the source's own blocks
+        where the plan neither casts nor transposes, else the one array."""
+        if entry.perm is None and source.infos[entry.source].dtype == entry.info.dtype:
+            return source.blocks(entry.source)
+        return (self.array(source, entry),)
 
     def arrays(
         self, source: TensorSource, progress: Callable[[int, int, str, int], None] | None = None

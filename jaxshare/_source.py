@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,12 @@ class TensorSource(abc.ABC):
     def array(self, name: str) -> np.ndarray:
         """The whole tensor ``name`` as a numpy array (no copy where it can be)."""
         return np.asarray(self.read(name))
+
+    def blocks(self, name: str) -> Iterable[np.ndarray]:
+        """The tensor ``name`` in C order as numpy blocks written end to end: views
+        of the source's own memory where it has them (a mapped partition, a chunk),
+        so a writer that streams bytes needs no copy of the whole tensor."""
+        yield self.array(name)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``read(name)[index]`` as a numpy array; sources that can read part of

@@ -524,5 +524,7 @@ def save_plan(
     specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
     meta = {"format": "pt", **(metadata or {}), **tie_metadata(plan.alias_map)}
     with write_safetensors(path, specs, meta, force=force, inputs=inputs) as write:
-        for _, array in plan.arrays(source, progress):
-            write((array,))
+        for done, entry in enumerate(plan.entries, 1):
+            write(plan.blocks(source, entry))
+            if progress is not None:
+                progress(done, len(plan.entries), entry.name, entry.info.nbytes)
