@@ -149,8 +149,9 @@ DEFAULT_LAYERS: Mapping[str, str] = MappingProxyType(
 
 #: Module names (the last part of a module path) -> layer kind, used only where the
 #: layer types are unknown (a bare state dict or file, no module and no config) and no
-#: target tree (``like=``) decides, so a state dict gives the same Flax tree as its module. The usual Hugging Face names:
-#: embeddings, the output head, and GPT-2's ``Conv1D`` layers (weight stored ``(in, out)``).
+#: target tree (``like=``) decides, so a state dict gives the same Flax tree as its
+#: module. The usual Hugging Face names: embeddings, the output head, and GPT-2's
+#: ``Conv1D`` layers (weight stored ``(in, out)``).
 DEFAULT_LAYER_NAMES: Mapping[str, str] = MappingProxyType(
     {
         **dict.fromkeys(

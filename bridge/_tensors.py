@@ -13,16 +13,19 @@ narrow an ``int64`` step counter to ``int32``. Such arrays stay numpy arrays
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import jax
 import ml_dtypes
 import numpy as np
 import torch
 
 from jaxshare.internal import Perm
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = [
     "numpy_dtype",
@@ -122,6 +125,8 @@ def to_array(
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous() if perm is None else permuted_copy(t, perm)
+    import jax  # Here: reading PyTorch files into numpy needs no JAX.
+
     if t.dtype in _WIDE and not jax.config.read("jax_enable_x64"):
         return numpy_view(t, key)
     if sharding is not None:
@@ -141,7 +146,7 @@ def to_tensor(array: Any, perm: Perm | None = None, *, key: str = "?") -> torch.
     """
     if isinstance(array, torch.Tensor):
         t = array.detach()
-    elif isinstance(array, jax.Array):
+    elif (jax := sys.modules.get("jax")) is not None and isinstance(array, jax.Array):
         if isinstance(array, jax.core.Tracer):
             raise TypeError(f"{key!r} is a tracer; call `to_torch` outside `jax.jit`.")
         if array.is_deleted():

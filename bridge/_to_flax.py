@@ -9,6 +9,7 @@ different layouts (an Embedding ``weight`` reused as a Linear ``weight``: Flax
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -188,9 +189,12 @@ def _slot_paths(slots: Mapping[str, Slot]) -> set[str]:
 
 def _alias_slot(leaf: TorchLeaf, canonical: Slot, rules: Rules) -> Slot:
     """The place of an alias that nothing else places: the rules' name for its layer
-    when the layer is known; otherwise its canonical's leaf name and layout."""
-    if leaf.layer is not None:
-        return default_slot(leaf, rules, collection=canonical.collection, linen=canonical.linen)
+    when the layer is known (or its module name tells it: ``lm_head``); otherwise its
+    canonical's leaf name and layout."""
+    kind = leaf.layer or guess_kind(".".join(leaf.module), rules)
+    if kind is not None:
+        typed = dataclasses.replace(leaf, layer=kind)
+        return default_slot(typed, rules, collection=canonical.collection, linen=canonical.linen)
     module = module_variants(leaf.module, canonical.linen)[0]
     prefix = canonical.path.split("/")[0] if canonical.collection else None
     parts = ((prefix,) if prefix else ()) + module + (canonical.path.rsplit("/", 1)[1],)

@@ -7,14 +7,12 @@ concept. Names are imported on first use, so ``import jaxshare`` (and the
 nothing in ``jaxshare`` imports torch.
 """
 
-from __future__ import annotations
+import typing as _typing
 
-import importlib
-import typing
-
+from jaxshare._lazy import exports as _exports
 from jaxshare._version import __version__
 
-if typing.TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from jaxshare import checkpoint as checkpoint
     from jaxshare import formats as formats
     from jaxshare._alias import AliasMap as AliasMap
@@ -73,15 +71,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> typing.Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'jaxshare' has no attribute {name!r}")
-    module = importlib.import_module(home)
-    value = module if home == f"jaxshare.{name}" else getattr(module, name)
-    globals()[name] = value  # Later look-ups skip this function.
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _exports(__name__, _HOMES)

@@ -10,6 +10,7 @@ upper layers import them from here, never from ``jaxshare._*`` modules.
 from jaxshare._alias import as_alias_map
 from jaxshare._dtype import cast_to
 from jaxshare._dtype import float_dtype
+from jaxshare._lazy import exports
 from jaxshare._nnx import is_module as is_nnx_module
 from jaxshare._nnx import is_state as is_nnx_state
 from jaxshare._nnx import is_variable
@@ -41,6 +42,7 @@ __all__ = [
     "cast_to",
     "check_not_an_input",
     "compose",
+    "exports",
     "float_dtype",
     "file_part",
     "format_bytes",

@@ -394,7 +394,7 @@ def test_a_step_directory_resolves_to_its_jaxshare_item(tmp_path: Path) -> None:
     ("where", "error", "match"),
     [
         ("missing", FileNotFoundError, "no such checkpoint directory"),
-        ("", ValueError, r"CheckpointManager directory with steps \['1'\]; pass one step"),
+        ("", ValueError, r"CheckpointManager directory with steps \[1\]; pass one step"),
         ("1", ValueError, "several checkpoint items"),
         ("1/meta", FileNotFoundError, "not an Orbax checkpoint item"),
     ],
