@@ -1,0 +1,70 @@
+"""One process of the two-process sharded-loading test (see test_sharded_loading.py).
+
+Run as ``python _sharded_worker.py PROCESS_ID NUM_PROCESSES PORT WEIGHTS``; prints one
+JSON line: the bytes this process read, the names it read, and whether its shards
+hold the right values. Importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def run(process_id: int, num_processes: int, port: int, weights: str) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from safetensors.numpy import load_file
+
+    import bridge
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"localhost:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    try:
+        mesh = Mesh(np.array(jax.devices()), ("x",))  # 2 processes x 2 devices
+        target = {"params": {
+            "wte": {"embedding": jax.ShapeDtypeStruct(
+                (256, 32), np.float32, sharding=NamedSharding(mesh, P("x")))},
+            "proj": {"kernel": jax.ShapeDtypeStruct(
+                (32, 128), np.float32, sharding=NamedSharding(mesh, P(None, "x")))},
+            "lm_head": {"kernel": jax.ShapeDtypeStruct(
+                (32, 256), np.float32, sharding=NamedSharding(mesh, P(None, "x")))},
+        }}
+        reads: list[tuple[str, int]] = []
+        source = bridge.open_source(weights)
+        inner = source.read_slice
+
+        def counted(name, index):
+            block = inner(name, index)
+            reads.append((name, int(block.nbytes)))
+            return block
+
+        source.read_slice = counted
+        variables, _ = bridge.to_flax(source, like=target)
+        full = load_file(weights)
+        expected = {"wte/embedding": full["wte.weight"], "proj/kernel": full["proj.weight"].T,
+                    "lm_head/kernel": full["wte.weight"].T}
+        equal = True
+        for path, want in expected.items():
+            a, b = path.split("/")
+            for shard in variables["params"][a][b].addressable_shards:
+                equal &= bool(np.array_equal(np.asarray(shard.data), want[shard.index]))
+        return {"bytes_read": sum(n for _, n in reads), "names_read": sorted({k for k, _ in reads}),
+                "values_equal": equal}
+    finally:
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    pid, n, port, weights = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    print(json.dumps(run(pid, n, port, weights)))
