@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints/common.txt constraints/test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -c constraints/test.txt -e ".[torch,test]"
+	$(BIN)/python -m pip install --quiet -c constraints/test.txt -e ".[torch,hf,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,7 +24,8 @@ demo: $(STAMP)
 
 # Lint, layering contract, then the whole suite (doctests, docs and README included).
 lint: $(STAMP)
-	$(BIN)/ruff check jaxshare bridge tests examples benchmarks
+	$(BIN)/ruff check jaxshare bridge tests examples benchmarks conftest.py
+	$(BIN)/ruff format --check --quiet jaxshare bridge tests examples benchmarks conftest.py
 	$(BIN)/lint-imports
 
 test: lint

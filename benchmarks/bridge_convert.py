@@ -67,8 +67,12 @@ def _converter(which: str, flax_model):
 
         # The converter reads only these two attributes; a model built with
         # `_do_init=False` (no random weights in memory) refuses `.params`.
-        stand_in = types.SimpleNamespace(base_model_prefix=flax_model.base_model_prefix, params=shapes)
-        return lambda sd: convert_pytorch_state_dict_to_flax(dict(sd), stand_in)  # it mutates its input
+        stand_in = types.SimpleNamespace(
+            base_model_prefix=flax_model.base_model_prefix, params=shapes
+        )
+        return lambda sd: convert_pytorch_state_dict_to_flax(
+            dict(sd), stand_in
+        )  # it mutates its input
     import bridge
 
     return lambda sd: bridge.to_flax(sd, like=shapes)[0]
@@ -100,12 +104,20 @@ def child_to_flax(which: str, repeat: int) -> dict:
             }
             check = {k: float(abs(leaves[k]).sum()) for k in sorted(leaves)[:3]}
         del out
-    return {"which": which, "seconds": min(times), "extra_peak_bytes": extra,
-            "model_bytes": model_bytes, "leaves": len(leaves), "check": check}
+    return {
+        "which": which,
+        "seconds": min(times),
+        "extra_peak_bytes": extra,
+        "model_bytes": model_bytes,
+        "leaves": len(leaves),
+        "check": check,
+    }
 
 
 def child_shared(repeat: int) -> dict:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     import deepspeed
     from deepspeed.runtime.engine import DeepSpeedEngine
 
@@ -118,14 +130,26 @@ def child_shared(repeat: int) -> dict:
     ours = bridge.shared_params(model)
     assert ours == theirs, (ours, theirs)
     number = 50
-    t_ds = min(timeit.repeat(lambda: DeepSpeedEngine._get_shared_params(engine), number=number, repeat=repeat)) / number
-    t_ours = min(timeit.repeat(lambda: bridge.shared_params(model), number=number, repeat=repeat)) / number
+    t_ds = (
+        min(
+            timeit.repeat(
+                lambda: DeepSpeedEngine._get_shared_params(engine), number=number, repeat=repeat
+            )
+        )
+        / number
+    )
+    t_ours = (
+        min(timeit.repeat(lambda: bridge.shared_params(model), number=number, repeat=repeat))
+        / number
+    )
     return {"deepspeed_seconds": t_ds, "bridge_seconds": t_ours, "ties": ours}
 
 
 def _run_child(*args: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child {args} failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -140,7 +164,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, *rest = args.child
-        result = child_to_flax(rest[0], args.repeat) if kind == "to_flax" else child_shared(args.repeat)
+        result = (
+            child_to_flax(rest[0], args.repeat) if kind == "to_flax" else child_shared(args.repeat)
+        )
         print(json.dumps(result))
         return
 
@@ -164,24 +190,51 @@ def main() -> None:
     memory = {r["which"]: r["extra_peak_bytes"] / r["model_bytes"] for r in (hf, ours)}
     shared_ratio = shared["bridge_seconds"] / shared["deepspeed_seconds"]
     rows = [
-        ("to_flax, GPT-2 small", f"{model_mb:.0f} MB", f"{hf['seconds']:.3f} s", f"{ours['seconds']:.3f} s",
-         f"{time_ratio:.2f}x", f"<= {GOAL_TIME}x"),
-        ("  extra peak memory / model bytes", "", f"{memory['hf']:.2f}x", f"{memory['bridge']:.2f}x",
-         "", f"<= {GOAL_MEMORY}x"),
-        ("shared_params, GPT-2 small", "", f"{shared['deepspeed_seconds'] * 1e3:.3f} ms",
-         f"{shared['bridge_seconds'] * 1e3:.3f} ms", f"{shared_ratio:.2f}x", f"<= {GOAL_SHARED}x"),
+        (
+            "to_flax, GPT-2 small",
+            f"{model_mb:.0f} MB",
+            f"{hf['seconds']:.3f} s",
+            f"{ours['seconds']:.3f} s",
+            f"{time_ratio:.2f}x",
+            f"<= {GOAL_TIME}x",
+        ),
+        (
+            "  extra peak memory / model bytes",
+            "",
+            f"{memory['hf']:.2f}x",
+            f"{memory['bridge']:.2f}x",
+            "",
+            f"<= {GOAL_MEMORY}x",
+        ),
+        (
+            "shared_params, GPT-2 small",
+            "",
+            f"{shared['deepspeed_seconds'] * 1e3:.3f} ms",
+            f"{shared['bridge_seconds'] * 1e3:.3f} ms",
+            f"{shared_ratio:.2f}x",
+            f"<= {GOAL_SHARED}x",
+        ),
     ]
     header = ("measure", "size", "peer", "bridge", "ratio", "goal")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    print(f"peers: Hugging Face leaves {hf['leaves']} arrays (lm_head copied), bridge {ours['leaves']} "
-          "(lm_head an alias of wte); DeepSpeed and bridge agree on the ties:", shared["ties"])
-    goals = {"to_flax time": time_ratio <= GOAL_TIME, "to_flax memory": memory["bridge"] <= GOAL_MEMORY,
-             "shared_params time": shared_ratio <= GOAL_SHARED}
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(
+        f"peers: Hugging Face leaves {hf['leaves']} arrays (lm_head copied), "
+        f"bridge {ours['leaves']} "
+        "(lm_head an alias of wte); DeepSpeed and bridge agree on the ties:",
+        shared["ties"],
+    )
+    goals = {
+        "to_flax time": time_ratio <= GOAL_TIME,
+        "to_flax memory": memory["bridge"] <= GOAL_MEMORY,
+        "shared_params time": shared_ratio <= GOAL_SHARED,
+    }
     print("goals:", ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in goals.items()))
     if args.json:
-        args.json.write_text(json.dumps({"hf": hf, "bridge": ours, "shared": shared, "goals": goals}, indent=2))
+        args.json.write_text(
+            json.dumps({"hf": hf, "bridge": ours, "shared": shared, "goals": goals}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -92,7 +92,9 @@ def best_of(
 
 def _row(name: str, seconds: float, base: float, goal: float | None = None) -> str:
     ratio = seconds / base
-    verdict = "" if goal is None else (f"met (<= {goal}x)" if ratio <= goal else f"MISSED (> {goal}x)")
+    verdict = (
+        "" if goal is None else (f"met (<= {goal}x)" if ratio <= goal else f"MISSED (> {goal}x)")
+    )
     return f"| {name:<46} | {seconds * 1e3:9.2f} | {ratio:6.2f}x | {verdict:<16} |"
 
 
@@ -101,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=500)
     parser.add_argument("--experts", type=int, default=50)
-    parser.add_argument("--buffer-layers", type=int, default=50, help="layers of the by='buffer' tree")
+    parser.add_argument(
+        "--buffer-layers", type=int, default=50, help="layers of the by='buffer' tree"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all operations")
     parser.add_argument("--number", type=int, default=5, help="timed calls in a row per round")
     args = parser.parse_args(argv)
@@ -149,22 +153,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = [
         [_row(k, t, big[flat], GOAL if k == find else None) for k, t in big.items()],
         [_row(k, t, small_times[flat_small]) for k, t in small_times.items()],
-        [_row(k, t, gc_times[flat + ", GC on"], GOAL if k.startswith(find) else None)
-         for k, t in gc_times.items()],
+        [
+            _row(k, t, gc_times[flat + ", GC on"], GOAL if k.startswith(find) else None)
+            for k, t in gc_times.items()
+        ],
     ]
-    print(f"find_shared benchmark: jax {jax.__version__}, {platform.python_implementation()} "
-          f"{platform.python_version()}, {jax.devices()[0].platform}, best of "
-          f"{args.rounds} x {args.number} calls, "
-          "GC off unless noted")
-    print(f"tree: {args.layers} layers x {args.experts} experts x 2 arrays = {n:,} leaves, "
-          f"{len(amap)} ties; small tree: {args.buffer_layers} layers, {n_small:,} leaves")
+    print(
+        f"find_shared benchmark: jax {jax.__version__}, {platform.python_implementation()} "
+        f"{platform.python_version()}, {jax.devices()[0].platform}, best of "
+        f"{args.rounds} x {args.number} calls, "
+        "GC off unless noted"
+    )
+    print(
+        f"tree: {args.layers} layers x {args.experts} experts x 2 arrays = {n:,} leaves, "
+        f"{len(amap)} ties; small tree: {args.buffer_layers} layers, {n_small:,} leaves"
+    )
     print(f"| {'operation':<46} | {'ms':>9} | {'vs flat':>7} | {'goal':<16} |")
     print(f"|{'-' * 48}|{'-' * 10}:|{'-' * 8}:|{'-' * 18}|")
     blank = f"| {'':<46} | {'':>9} | {'':>7} | {'':<16} |"
     print(f"\n{blank}\n".join("\n".join(rows) for rows in sections))
     ratio = big[find] / big[flat]
-    print(f"find_shared / tree_flatten_with_path = {ratio:.2f}x: goal <= {GOAL}x "
-          f"{'met' if ratio <= GOAL else 'MISSED'}")
+    print(
+        f"find_shared / tree_flatten_with_path = {ratio:.2f}x: goal <= {GOAL}x "
+        f"{'met' if ratio <= GOAL else 'MISSED'}"
+    )
     return 0
 
 

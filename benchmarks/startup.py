@@ -66,19 +66,31 @@ def main() -> None:
         commands = {
             "python -c pass": [py, "-c", "pass"],
             "import safetensors + read the header": [
-                py, "-c",
+                py,
+                "-c",
                 "import safetensors, sys; f = safetensors.safe_open(sys.argv[1], 'np'); "
-                "f.metadata(); list(f.keys())", str(st),
+                "f.metadata(); list(f.keys())",
+                str(st),
             ],
-            "jaxshare --help": [py, "-c", no_torch + "from jaxshare.cli import main; "
-                                "sys.argv = ['jaxshare', '--help']; main()"],
+            "jaxshare --help": [
+                py,
+                "-c",
+                no_torch + "from jaxshare.cli import main; "
+                "sys.argv = ['jaxshare', '--help']; main()",
+            ],
             "jaxshare inspect FILE.safetensors": [
-                py, "-c", no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
-                "inspect", str(st),
+                py,
+                "-c",
+                no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
+                "inspect",
+                str(st),
             ],
             "jaxshare inspect ITEM (Orbax)": [
-                py, "-c", no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
-                "inspect", str(item),
+                py,
+                "-c",
+                no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
+                "inspect",
+                str(item),
             ],
         }
         # From the temp directory: `python -c` puts its working directory first on the path.

@@ -86,13 +86,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--tie", choices=["transpose", "identity"], default="transpose",
-                        help="the example's kind of tie (default: transpose)")
+    parser.add_argument(
+        "--tie",
+        choices=["transpose", "identity"],
+        default="transpose",
+        help="the example's kind of tie (default: transpose)",
+    )
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps after compiling")
     parser.add_argument("--steps", type=int, default=100, help="timed steps of each model")
     args = parser.parse_args(argv)
     config = dataclasses.replace(
-        defaults, vocab=args.vocab, dim=args.dim, seq_len=args.seq_len, batch=args.batch,
+        defaults,
+        vocab=args.vocab,
+        dim=args.dim,
+        seq_len=args.seq_len,
+        batch=args.batch,
         tie=args.tie,
     )
 
@@ -121,28 +129,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     saved_opt = opt_bytes["duplicated"] - opt_bytes["tied"]
     ratio = median["tied"] / median["duplicated"]
-    print(f"train_step benchmark: jax {jax.__version__}, {platform.python_implementation()} "
-          f"{platform.python_version()}, {jax.devices()[0].platform}, {jax.local_device_count()} "
-          "device(s), one used")
-    print(f"TiedLM tie={config.tie} vocab={config.vocab} dim={config.dim} seq_len={config.seq_len} "
-          f"batch={config.batch}; tied array {config.vocab}x{config.dim} float32 = "
-          f"{tied_bytes:,} B; optax.adam; median of {args.steps} steps after {args.warmup} warm-up")
-    print(f"| {'':<28} | {'params B':>11} | {'Adam state B':>12} | {'first call s':>12} "
-          f"| {'step ms (median)':>16} | {'IQR ms':>13} |")
+    print(
+        f"train_step benchmark: jax {jax.__version__}, {platform.python_implementation()} "
+        f"{platform.python_version()}, {jax.devices()[0].platform}, {jax.local_device_count()} "
+        "device(s), one used"
+    )
+    print(
+        f"TiedLM tie={config.tie} vocab={config.vocab} dim={config.dim} seq_len={config.seq_len} "
+        f"batch={config.batch}; tied array {config.vocab}x{config.dim} float32 = "
+        f"{tied_bytes:,} B; optax.adam; median of {args.steps} steps after {args.warmup} warm-up"
+    )
+    print(
+        f"| {'':<28} | {'params B':>11} | {'Adam state B':>12} | {'first call s':>12} "
+        f"| {'step ms (median)':>16} | {'IQR ms':>13} |"
+    )
     print(f"|{'-' * 30}|{'-' * 12}:|{'-' * 13}:|{'-' * 13}:|{'-' * 17}:|{'-' * 14}:|")
     for k, label in (("tied", "tied (jaxshare.Tied)"), ("duplicated", "duplicated (2 leaves)")):
         q = quartiles[k] * 1e3
-        print(f"| {label:<28} | {params_bytes[k]:>11,} | {opt_bytes[k]:>12,} | {first[k]:>12.2f} "
-              f"| {median[k] * 1e3:>16.2f} | {q[0]:>6.2f}-{q[1]:<6.2f} |")
-    print(f"| {'tied - duplicated':<28} | {params_bytes['tied'] - params_bytes['duplicated']:>11,} "
-          f"| {-saved_opt:>12,} | {first['tied'] - first['duplicated']:>12.2f} "
-          f"| {(median['tied'] - median['duplicated']) * 1e3:>16.2f} | {'':>13} |")
+        print(
+            f"| {label:<28} | {params_bytes[k]:>11,} | {opt_bytes[k]:>12,} | {first[k]:>12.2f} "
+            f"| {median[k] * 1e3:>16.2f} | {q[0]:>6.2f}-{q[1]:<6.2f} |"
+        )
+    print(
+        f"| {'tied - duplicated':<28} | {params_bytes['tied'] - params_bytes['duplicated']:>11,} "
+        f"| {-saved_opt:>12,} | {first['tied'] - first['duplicated']:>12.2f} "
+        f"| {(median['tied'] - median['duplicated']) * 1e3:>16.2f} | {'':>13} |"
+    )
     met = saved_opt == 2 * tied_bytes
-    print(f"Adam state: tied smaller by {saved_opt:,} B = {saved_opt / tied_bytes:g} x tied bytes; "
-          f"goal exactly 2 x: {'met' if met else 'MISSED'}")
+    print(
+        f"Adam state: tied smaller by {saved_opt:,} B = {saved_opt / tied_bytes:g} x tied bytes; "
+        f"goal exactly 2 x: {'met' if met else 'MISSED'}"
+    )
     interval = ratio_interval(times["tied"], times["duplicated"])
-    print(f"step time: tied / duplicated = {ratio:.3f} (median; 95% interval {interval[0]:.3f}-"
-          f"{interval[1]:.3f}); goal <= 1 (not slower): {verdict(ratio, interval)}")
+    print(
+        f"step time: tied / duplicated = {ratio:.3f} (median; 95% interval {interval[0]:.3f}-"
+        f"{interval[1]:.3f}); goal <= 1 (not slower): {verdict(ratio, interval)}"
+    )
     return 0
 
 

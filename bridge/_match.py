@@ -103,9 +103,7 @@ def place(
                 )
             continue
         if found.path in taken:
-            problems.append(
-                f"{leaf.key!r} and {taken[found.path]!r} both go to {found.path!r}"
-            )
+            problems.append(f"{leaf.key!r} and {taken[found.path]!r} both go to {found.path!r}")
             continue
         taken[found.path] = leaf.key
         slots[leaf.key] = found

@@ -88,9 +88,6 @@ def torch_plan(source: TensorSource, /, *, like: Any = None, rules: RulesArg = N
         # torch alias = T(flax alias, a^-1) = T(flax canonical, a^-1 . t), and
         # flax canonical = T(torch canonical, c).
         aliases[a_name] = c_name
-        transforms[a_name] = compose(
-            compose(inverse(a_perm), flax_ties.transform(alias)), c_perm
-        )
+        transforms[a_name] = compose(compose(inverse(a_perm), flax_ties.transform(alias)), c_perm)
     naming = NamingRecord({path: names[path] for path in order})
     return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
-

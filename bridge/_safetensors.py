@@ -108,9 +108,7 @@ def _to_numpy(t: torch.Tensor, key: str) -> np.ndarray:
     return numpy_view(t.contiguous(), key)
 
 
-def _retie(
-    path: Any, state: dict[str, torch.Tensor], amap: AliasMap
-) -> dict[str, torch.Tensor]:
+def _retie(path: Any, state: dict[str, torch.Tensor], amap: AliasMap) -> dict[str, torch.Tensor]:
     """Puts each alias back as its canonical's tensor (or one permuted view of it).
 
     Files that also store the aliases in full (``jaxshare convert`` writes them

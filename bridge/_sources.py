@@ -157,9 +157,7 @@ def open_source(
                 f"{path}: not an Orbax checkpoint item, a Hugging Face directory (config.json "
                 "with .safetensors or .bin weights) or a DeepSpeed checkpoint folder."
             )
-        raise ValueError(
-            f"{path}: expected a PyTorch weights file ({', '.join(WEIGHT_SUFFIXES)})."
-        )
+        raise ValueError(f"{path}: expected a PyTorch weights file ({', '.join(WEIGHT_SUFFIXES)}).")
     if isinstance(what, (torch.nn.Module, Mapping)):
         return StateDictSource(what, rules, arg=arg)
     raise TypeError(

@@ -267,4 +267,3 @@ def parallel_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
         finally:
             for future in futures:
                 future.cancel()
-

@@ -135,9 +135,7 @@ def plan_flax(
         # The canonical is the first name placed at a leaf the result holds (not at a
         # path an NNX graph reaches a shared Variable by, which its state drops).
         kept = like.shapes if like is not None else _slot_paths(slots)
-        placed = sorted(
-            (k for k in members if k in slots), key=lambda k: slots[k].path not in kept
-        )
+        placed = sorted((k for k in members if k in slots), key=lambda k: slots[k].path not in kept)
         if not placed:
             problems.append(f"none of the tied names {members} has a place in `like`")
             continue
@@ -173,8 +171,9 @@ def plan_flax(
             "`rules=` naming what the defaults do not know."
         )
     stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
-    record = NamingRecord({slots[leaf.key].path: (leaf.key, slots[leaf.key].perm)
-                           for leaf in leaves})
+    record = NamingRecord(
+        {slots[leaf.key].path: (leaf.key, slots[leaf.key].perm) for leaf in leaves}
+    )
     return FlaxPlan(slots, stored, AliasMap(amap, transforms=transforms, naming=record))
 
 

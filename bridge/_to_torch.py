@@ -44,10 +44,10 @@ _NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
 
 @dataclass(frozen=True)
 class _FlaxLeaf:
-    path: str                 # full rendered path
-    parts: tuple[str, ...]    # path without the collection
-    collection: str | None    # None: the tree has no collections
-    value: Any                # the array (a _Shape for an alias the tree does not hold)
+    path: str  # full rendered path
+    parts: tuple[str, ...]  # path without the collection
+    collection: str | None  # None: the tree has no collections
+    value: Any  # the array (a _Shape for an alias the tree does not hold)
 
 
 def _is_torch_map(alias_map: Mapping[str, str]) -> bool:
@@ -93,8 +93,10 @@ def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
     """Every array of ``tree`` in insertion order, with its collection."""
     # Linen variables have their collections at the top; NNX Variables carry theirs.
     top = list(tree) if isinstance(tree, Mapping) else []
-    collections = not is_nnx_state(tree) and bool(top) and (
-        "params" in top or all(k in {"batch_stats", "buffers"} for k in top)
+    collections = (
+        not is_nnx_state(tree)
+        and bool(top)
+        and ("params" in top or all(k in {"batch_stats", "buffers"} for k in top))
     )
     out: list[_FlaxLeaf] = []
 
@@ -124,11 +126,11 @@ def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
 
 @dataclass(frozen=True)
 class _TorchPlan:
-    names: dict[str, tuple[str, Perm | None]]   # flax path -> (torch key, torch->flax perm)
-    leaves: dict[str, _FlaxLeaf]                # flax path -> leaf; absent aliases hold a _Shape
+    names: dict[str, tuple[str, Perm | None]]  # flax path -> (torch key, torch->flax perm)
+    leaves: dict[str, _FlaxLeaf]  # flax path -> leaf; absent aliases hold a _Shape
     alias_map: AliasMap
-    order: list[str]                            # flax paths in output order
-    like_keys: list[str] | None                 # the output's names, in order, given `like`
+    order: list[str]  # flax paths in output order
+    like_keys: list[str] | None  # the output's names, in order, given `like`
 
 
 def _plan_torch(
@@ -152,8 +154,12 @@ def _plan_torch(
     held = [a for a in amap if a in leaves]
     if held:  # The tree holds aliases too: each must be its canonical (transformed).
         try:
-            dedupe(tree, AliasMap({a: amap[a] for a in held},
-                                  transforms={a: amap.transform(a) for a in held}))
+            dedupe(
+                tree,
+                AliasMap(
+                    {a: amap[a] for a in held}, transforms={a: amap.transform(a) for a in held}
+                ),
+            )
         except ValueError as e:
             raise ValueError(
                 f"`variables` and the alias map disagree, so one PyTorch tensor cannot hold "
@@ -202,7 +208,8 @@ def _plan_torch(
             problems.append(f"leaves of `variables` with no name in `like`: {unclaimed[:10]}")
         if problems:
             raise ValueError(
-                "cannot name the Flax leaves after `like`:\n  " + "\n  ".join(problems)
+                "cannot name the Flax leaves after `like`:\n  "
+                + "\n  ".join(problems)
                 + "\nCheck that `variables` belong to this model, or pass `rules=`."
             )
         names = {s.path: (key, s.perm) for key, s in slots.items()}

@@ -127,15 +127,16 @@ def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
         if canonical not in state or state[canonical].numel() == 0:
             raise ValueError(
                 f"{path}: DeepSpeed's shared_params ties {alias!r} to {canonical!r}, "
-                + ("which the file does not hold." if canonical not in state else
-                   "a zero-size tensor; DeepSpeed keys by data_ptr(), 0 for every zero-size "
-                   "tensor, so this tie is not real and the shape of "
-                   f"{alias!r} is unknown.")
+                + (
+                    "which the file does not hold."
+                    if canonical not in state
+                    else "a zero-size tensor; DeepSpeed keys by data_ptr(), 0 for every zero-size "
+                    "tensor, so this tie is not real and the shape of "
+                    f"{alias!r} is unknown."
+                )
             )
         state[alias] = state[canonical]
     return state
-
-
 
 
 def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
@@ -160,10 +161,13 @@ def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
         if canonical not in state or state[canonical].numel() == 0:
             raise ValueError(
                 f"{path}: DeepSpeed's shared_params ties {alias!r} to {canonical!r}, "
-                + ("which the file does not hold." if canonical not in state else
-                   "a zero-size tensor; DeepSpeed keys by data_ptr(), 0 for every zero-size "
-                   "tensor, so this tie is not real and the shape of "
-                   f"{alias!r} is unknown.")
+                + (
+                    "which the file does not hold."
+                    if canonical not in state
+                    else "a zero-size tensor; DeepSpeed keys by data_ptr(), 0 for every zero-size "
+                    "tensor, so this tie is not real and the shape of "
+                    f"{alias!r} is unknown."
+                )
             )
         state[alias] = state[canonical]
     return state

@@ -57,7 +57,9 @@ class TorchLM(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.wte = torch.nn.Embedding(VOCAB, DIM)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM)
+        )
         self.ln_f = torch.nn.LayerNorm(DIM)
         self.lm_head = torch.nn.Linear(DIM, VOCAB, bias=False)
         self.lm_head.weight = self.wte.weight  # the tie
@@ -131,8 +133,10 @@ def run(workdir: Path, log: Callable[[str], None] = print) -> Result:
     with torch.no_grad():
         again = fresh(torch.from_numpy(tokens)).numpy()
     back_vs_torch = float(np.abs(again - expected).max())
-    log(f"to_torch: lm_head.weight is wte.weight: {head_is_embedding}; "
-        f"load_state_dict(strict=True) ok; logits max |diff| {back_vs_torch:.1e}")
+    log(
+        f"to_torch: lm_head.weight is wte.weight: {head_is_embedding}; "
+        f"load_state_dict(strict=True) ok; logits max |diff| {back_vs_torch:.1e}"
+    )
     bridge.save_safetensors(back, workdir / "back.safetensors")
     report = inspect_safetensors(workdir / "back.safetensors")  # the header alone
     log(f"back.safetensors: ties {dict(report.alias_map)}, {report.bytes_saved} bytes saved")
@@ -141,7 +145,9 @@ def run(workdir: Path, log: Callable[[str], None] = print) -> Result:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="jaxshare-convert-") as tmp:
         result = run(args.workdir or Path(tmp))

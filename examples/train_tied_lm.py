@@ -155,7 +155,9 @@ class TiedLM(nn.Module):
             h, mask=nn.make_causal_mask(tokens)
         )
         h = nn.LayerNorm(name="ln_2")(x)
-        x = x + nn.Dense(self.dim, name="mlp_out")(nn.gelu(nn.Dense(4 * self.dim, name="mlp_in")(h)))
+        x = x + nn.Dense(self.dim, name="mlp_out")(
+            nn.gelu(nn.Dense(4 * self.dim, name="mlp_in")(h))
+        )
         x = nn.LayerNorm(name="ln_f")(x)
         if self.tie == "transpose":
             return nn.Dense(self.vocab, use_bias=False, name="lm_head")(x)
@@ -449,12 +451,17 @@ def _report(r: Result, config: Config, log: Callable[[str], None]) -> None:
     pb, ob = r.params_bytes, r.opt_bytes
     log("")
     log(f"{'bytes':<34}{'params':>12}{'Adam state':>14}")
-    for kind, label in (("tied", "tied (jaxshare.Tied)"), ("duplicated", "duplicated (independent leaves)")):
+    for kind, label in (
+        ("tied", "tied (jaxshare.Tied)"),
+        ("duplicated", "duplicated (independent leaves)"),
+    ):
         log(f"{label:<34}{pb[kind]:>12,}{ob[kind]:>14,}")
     dp, do = pb["duplicated"] - pb["tied"], ob["duplicated"] - ob["tied"]
     log(f"{'saved by the tie':<34}{dp:>12,}{do:>14,}")
-    log(f"{'  in tied arrays (' + format(r.tied_bytes, ',') + ' B each)':<34}"
-        f"{dp / r.tied_bytes:>11g}x{do / r.tied_bytes:>13g}x")
+    log(
+        f"{'  in tied arrays (' + format(r.tied_bytes, ',') + ' B each)':<34}"
+        f"{dp / r.tied_bytes:>11g}x{do / r.tied_bytes:>13g}x"
+    )
     log("")
     alias = ALIAS[config.tie]
     log(f"loss {r.losses[0]:.4f} -> {r.losses[-1]:.4f} over {len(r.losses)} steps")
@@ -462,8 +469,10 @@ def _report(r: Result, config: Config, log: Callable[[str], None]) -> None:
         how = "is the same object as"
     else:
         how = "== transpose of" if config.tie == "transpose" else "equals, as a copy,"
-    log(f"tie after training: {alias} {how} {CANONICAL} (max diff {r.tie_error:g}); "
-        f"one leaf in the Tied ({r.leaves['tied']} leaves vs {r.leaves['duplicated']})")
+    log(
+        f"tie after training: {alias} {how} {CANONICAL} (max diff {r.tie_error:g}); "
+        f"one leaf in the Tied ({r.leaves['tied']} leaves vs {r.leaves['duplicated']})"
+    )
     log(f"duplicated model's lm_head drifted from the embedding: max diff {r.duplicated_drift:.3g}")
     log(f"tied gradient == sum of both uses' gradients: relative diff {r.grad_error:.2g}")
     log(f"done in {r.seconds:.1f} s")
@@ -489,9 +498,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = Config()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps (default: 300)")
-    parser.add_argument("--tie", choices=["transpose", "identity"], default=defaults.tie,
-                        help="lm_head/kernel == wte/embedding.T, or lm_head/embedding is "
-                             "wte/embedding (default: transpose)")
+    parser.add_argument(
+        "--tie",
+        choices=["transpose", "identity"],
+        default=defaults.tie,
+        help="lm_head/kernel == wte/embedding.T, or lm_head/embedding is "
+        "wte/embedding (default: transpose)",
+    )
     parser.add_argument("--vocab", type=int, default=defaults.vocab)
     parser.add_argument("--dim", type=int, default=defaults.dim)
     parser.add_argument("--batch", type=int, default=defaults.batch)

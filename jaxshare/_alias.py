@@ -23,6 +23,7 @@ VERSION = 1
 #: ``from_json`` refuses larger input; a real alias map is a few kilobytes.
 MAX_JSON_BYTES = 16 * 2**20
 
+
 def _check_path(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str path, got {type(value).__name__}: {value!r}")

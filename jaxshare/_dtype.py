@@ -61,8 +61,10 @@ def is_floating(dtype: np.dtype | str) -> bool:
     (True, True, False)
     """
     name = dtype if isinstance(dtype, str) else dtype.name
-    return name in _ML_FLOATS or (name in _ITEMSIZES and name.startswith("float")) or (
-        not isinstance(dtype, str) and dtype.kind == "f"
+    return (
+        name in _ML_FLOATS
+        or (name in _ITEMSIZES and name.startswith("float"))
+        or (not isinstance(dtype, str) and dtype.kind == "f")
     )
 
 

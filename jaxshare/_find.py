@@ -70,13 +70,17 @@ def find_shared(
     if is_leaf is None and _nnx.is_nnx_root(tree):
         entries = _nnx.walk(tree)
         leaves = [leaf for _, leaf in entries]
-        paths_at: Callable[[list[int]], dict[int, Path]] = lambda idx: {
-            i: entries[i][0] for i in idx
-        }
+
+        def paths_at(idx: list[int]) -> dict[int, Path]:
+            return {i: entries[i][0] for i in idx}
+
         keyfn = _nnx.leaf_key(keyfn, by)
     else:
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
-        paths_at = lambda idx: _paths_at(tree, treedef, idx, is_leaf)
+
+        def paths_at(idx: list[int]) -> dict[int, Path]:
+            return _paths_at(tree, treedef, idx, is_leaf)
+
     if keyfn is _identity_key:
         groups = _group_by_identity(leaves)
     else:
@@ -108,7 +112,9 @@ def _group_by_identity(leaves: list[Any]) -> list[list[int]]:
     ids = list(map(id, leaves))
     if len(set(ids)) == len(ids):
         return []
-    _, inverse, counts = np.unique(np.array(ids, np.uint64), return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(
+        np.array(ids, np.uint64), return_inverse=True, return_counts=True
+    )
     groups: dict[int, list[int]] = {}
     for i in np.flatnonzero(counts[inverse] > 1).tolist():
         if is_array(leaves[i]):

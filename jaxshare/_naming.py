@@ -116,8 +116,9 @@ class NamingRecord(Mapping[str, Naming]):
     def to_json(self, *, indent: int | None = None) -> str:
         """The versioned JSON format (paths in record order)."""
         leaves = {
-            path: {"torch": n.torch} if n.permute is None else
-            {"torch": n.torch, "permute": list(n.permute)}
+            path: {"torch": n.torch}
+            if n.permute is None
+            else {"torch": n.torch, "permute": list(n.permute)}
             for path, n in self._entries.items()
         }
         return json.dumps({"format": FORMAT, "version": VERSION, "leaves": leaves}, indent=indent)

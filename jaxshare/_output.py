@@ -198,8 +198,10 @@ def _check_destination(dst: Path, kind: OutputKind, force: bool) -> None:
             "Remove it or choose another path."
         )
     if not kind.matches(dst):
-        raise ValueError(f"{dst}: {_describe(dst)}, not {kind.name}; --force replaces only "
-                         f"{kind.name}. Remove it yourself or choose another path.")
+        raise ValueError(
+            f"{dst}: {_describe(dst)}, not {kind.name}; --force replaces only "
+            f"{kind.name}. Remove it yourself or choose another path."
+        )
 
 
 def _describe(path: Path) -> str:

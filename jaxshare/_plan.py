@@ -78,8 +78,9 @@ class Plan:
         return replace(
             self,
             entries=tuple(
-                replace(e, info=ArrayInfo(e.info.shape, cast_to(numpy_dtype(e.info.dtype),
-                                                                target).name))
+                replace(
+                    e, info=ArrayInfo(e.info.shape, cast_to(numpy_dtype(e.info.dtype), target).name)
+                )
                 for e in self.entries
             ),
         )

@@ -24,9 +24,7 @@ def _read(tree: Any, amap: AliasMap, is_leaf: IsLeaf, arg: str) -> dict[str, Any
     """The values at every alias and canonical path, in one walk; every canonical
     must be present."""
     found = get_paths(tree, sorted({*amap, *amap.values()}), is_leaf=is_leaf)
-    missing = sorted(
-        {c for c in amap.values() if isinstance(found[c], Absent) or found[c] is None}
-    )
+    missing = sorted({c for c in amap.values() if isinstance(found[c], Absent) or found[c] is None})
     if missing:
         raise ValueError(
             f"`{arg}` has no value at canonical path(s) {missing}, named by the alias map "
@@ -102,9 +100,7 @@ def dedupe(
         if reason:
             problems.append(f"{alias!r} (alias of {amap[alias]!r}): {reason}")
     if problems:
-        raise ValueError(
-            "cannot dedupe `tree` with this alias map:\n  " + "\n  ".join(problems)
-        )
+        raise ValueError("cannot dedupe `tree` with this alias map:\n  " + "\n  ".join(problems))
     return edit_paths(tree, dict.fromkeys(amap, DROP), is_leaf=is_leaf), amap
 
 
@@ -197,8 +193,6 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
     if problems:
         raise ValueError("cannot retie:\n  " + "\n  ".join(problems))
     try:
-        return edit_paths(
-            unique_tree, {a: Put(v) for a, v in values.items()}, is_leaf=is_leaf
-        )
+        return edit_paths(unique_tree, {a: Put(v) for a, v in values.items()}, is_leaf=is_leaf)
     except ValueError as e:
         raise ValueError(f"cannot retie: {e}") from None

@@ -99,7 +99,7 @@ class Tied:
     def tree_unflatten(cls, aux: _Aux, children: tuple[Any, ...]) -> Tied:
         # No validation: JAX rebuilds Tieds with tracers, placeholders and `None`s.
         obj = object.__new__(cls)
-        obj._unique, = children
+        (obj._unique,) = children
         obj._alias_map = aux[0]
         return obj
 

@@ -23,7 +23,15 @@ def assert_same_state(got: dict, want: dict) -> None:
         assert got[alias] is got[canonical], alias
 
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.uint8]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.uint8,
+]
 LEAVES = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked", "emb"]
 
 
@@ -39,7 +47,11 @@ def tied_state_dicts(draw) -> dict[str, torch.Tensor]:
         width = torch.tensor([], dtype=dtype).element_size()
         size = width * int(np.prod(shape))
         raw = torch.tensor(list(draw(st.binary(min_size=size, max_size=size))), dtype=torch.uint8)
-        tensor = raw.view(dtype).reshape(shape) if dtype != torch.bool else (raw % 2).bool().reshape(shape)
+        tensor = (
+            raw.view(dtype).reshape(shape)
+            if dtype != torch.bool
+            else (raw % 2).bool().reshape(shape)
+        )
         state[f"m{i}.{draw(st.sampled_from(LEAVES))}"] = tensor
         for j in range(draw(st.integers(0, 2))):
             alias = f"t{i}_{j}.{draw(st.sampled_from(LEAVES))}"

@@ -30,14 +30,25 @@ def run(process_id: int, num_processes: int, port: int, weights: str) -> dict:
     )
     try:
         mesh = Mesh(np.array(jax.devices()), ("x",))  # 2 processes x 2 devices
-        target = {"params": {
-            "wte": {"embedding": jax.ShapeDtypeStruct(
-                (256, 32), np.float32, sharding=NamedSharding(mesh, P("x")))},
-            "proj": {"kernel": jax.ShapeDtypeStruct(
-                (32, 128), np.float32, sharding=NamedSharding(mesh, P(None, "x")))},
-            "lm_head": {"kernel": jax.ShapeDtypeStruct(
-                (32, 256), np.float32, sharding=NamedSharding(mesh, P(None, "x")))},
-        }}
+        target = {
+            "params": {
+                "wte": {
+                    "embedding": jax.ShapeDtypeStruct(
+                        (256, 32), np.float32, sharding=NamedSharding(mesh, P("x"))
+                    )
+                },
+                "proj": {
+                    "kernel": jax.ShapeDtypeStruct(
+                        (32, 128), np.float32, sharding=NamedSharding(mesh, P(None, "x"))
+                    )
+                },
+                "lm_head": {
+                    "kernel": jax.ShapeDtypeStruct(
+                        (32, 256), np.float32, sharding=NamedSharding(mesh, P(None, "x"))
+                    )
+                },
+            }
+        }
         reads: list[tuple[str, int]] = []
         source = bridge.open_source(weights)
         inner = source.read_slice
@@ -50,15 +61,21 @@ def run(process_id: int, num_processes: int, port: int, weights: str) -> dict:
         source.read_slice = counted
         variables, _ = bridge.to_flax(source, like=target)
         full = load_file(weights)
-        expected = {"wte/embedding": full["wte.weight"], "proj/kernel": full["proj.weight"].T,
-                    "lm_head/kernel": full["wte.weight"].T}
+        expected = {
+            "wte/embedding": full["wte.weight"],
+            "proj/kernel": full["proj.weight"].T,
+            "lm_head/kernel": full["wte.weight"].T,
+        }
         equal = True
         for path, want in expected.items():
             a, b = path.split("/")
             for shard in variables["params"][a][b].addressable_shards:
                 equal &= bool(np.array_equal(np.asarray(shard.data), want[shard.index]))
-        return {"bytes_read": sum(n for _, n in reads), "names_read": sorted({k for k, _ in reads}),
-                "values_equal": equal}
+        return {
+            "bytes_read": sum(n for _, n in reads),
+            "names_read": sorted({k for k, _ in reads}),
+            "values_equal": equal,
+        }
     finally:
         jax.distributed.shutdown()
 

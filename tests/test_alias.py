@@ -83,9 +83,11 @@ def test_rename_maps_every_path_and_keeps_transforms():
 
 # -- JSON --------------------------------------------------------------------
 
+
 def test_json_format_is_the_documented_one():
-    m = AliasMap({"a/b": "c/d", "lm_head/kernel": "wte/embedding"},
-                 transforms={"lm_head/kernel": (1, 0)})
+    m = AliasMap(
+        {"a/b": "c/d", "lm_head/kernel": "wte/embedding"}, transforms={"lm_head/kernel": (1, 0)}
+    )
     assert json.loads(m.to_json()) == {
         "format": "jaxshare.alias_map",
         "version": 1,
@@ -118,10 +120,14 @@ def _doc(**aliases_or_fields):
         (_doc(aliases={"a": {"target": "b"}}), r"alias 'a'.*exactly the fields"),
         (_doc(aliases={"a": {"target": "b", "permute": "10"}}), r"alias 'a'.*list of ints"),
         (_doc(aliases={"a": {"target": "b", "permute": [1.0, 0]}}), r"alias 'a'.*permutation"),
-        ('{"format": "jaxshare.alias_map", "format": "x", "version": 1, "aliases": {}}',
-         r"repeats the key 'format'"),
-        ('{"format": "jaxshare.alias_map", "version": 1, "aliases": {"a": "b", "a": "c"}}',
-         r"repeats the key 'a'"),
+        (
+            '{"format": "jaxshare.alias_map", "format": "x", "version": 1, "aliases": {}}',
+            r"repeats the key 'format'",
+        ),
+        (
+            '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"a": "b", "a": "c"}}',
+            r"repeats the key 'a'",
+        ),
         (b"\xff\xfe", r"not valid JSON"),
     ],
 )

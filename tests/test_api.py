@@ -16,7 +16,8 @@ def test_all_names_resolve_and_are_documented():
 def test_all_is_sorted_and_complete():
     assert list(jaxshare.__all__) == sorted(jaxshare.__all__)
     public = {
-        n for n, v in vars(jaxshare).items()
+        n
+        for n, v in vars(jaxshare).items()
         if not n.startswith("_") and not isinstance(v, types.ModuleType)
     } - {"annotations", "Any"}
     assert public <= set(jaxshare.__all__)

@@ -71,8 +71,11 @@ def with_metadata(path: Path, text: str) -> Path:
     from safetensors.numpy import save_file
 
     emb = np.arange(12, dtype=np.float32).reshape(3, 4)
-    save_file({"wte.weight": emb, "b": np.ones(2, np.float32)}, path,
-              metadata={"jaxshare.alias_map": text})
+    save_file(
+        {"wte.weight": emb, "b": np.ones(2, np.float32)},
+        path,
+        metadata={"jaxshare.alias_map": text},
+    )
     return path
 
 
@@ -147,56 +150,75 @@ CASES = {
     # -- safetensors files that are not what their header says ---------------------
     "st-header-size-past-end": Case(
         lambda r: truncated(r / "m.safetensors", lambda n, size: 8 + n // 2),
-        SAFETENSORS_ROUTES, "runs past the end of the file",
+        SAFETENSORS_ROUTES,
+        "runs past the end of the file",
         lambda src, out: bridge.load_safetensors(src),
     ),
     "st-data-past-end": Case(
         lambda r: truncated(r / "m.safetensors", lambda n, size: size - 4),
-        SAFETENSORS_ROUTES, "the file is truncated", lambda src, out: read_header(src),
+        SAFETENSORS_ROUTES,
+        "the file is truncated",
+        lambda src, out: read_header(src),
     ),
     "st-bad-json": Case(
         lambda r: put(r / "m.safetensors", struct.pack("<Q", 5) + b"{oops"),
-        SAFETENSORS_ROUTES, "the header is not JSON", lambda src, out: read_header(src),
+        SAFETENSORS_ROUTES,
+        "the header is not JSON",
+        lambda src, out: read_header(src),
     ),
     "st-empty": Case(
         lambda r: put(r / "m.safetensors", b""),
-        SAFETENSORS_ROUTES, "fewer than the 8 of a header size",
+        SAFETENSORS_ROUTES,
+        "fewer than the 8 of a header size",
         lambda src, out: bridge.load_safetensors(src),
     ),
     # -- files posing as PyTorch files ------------------------------------------------
     "pt-random-bytes": Case(
         lambda r: put(r / "m.pt", bytes(range(7, 200))),
-        TORCH_ROUTES, "not a PyTorch/zip/pickle file", lambda src, out: bridge.load_torch(src),
+        TORCH_ROUTES,
+        "not a PyTorch/zip/pickle file",
+        lambda src, out: bridge.load_torch(src),
     ),
     "bin-json": Case(
         lambda r: put(r / "m.bin", b'{"wte.weight": [1, 2]}'),
-        TORCH_ROUTES, "not a PyTorch/zip/pickle file", lambda src, out: bridge.load_torch(src),
+        TORCH_ROUTES,
+        "not a PyTorch/zip/pickle file",
+        lambda src, out: bridge.load_torch(src),
     ),
     "pt-text": Case(
         lambda r: put(r / "m.pt", b"hello\n"),
-        TORCH_ROUTES, "not a PyTorch/zip/pickle file", lambda src, out: bridge.load_torch(src),
+        TORCH_ROUTES,
+        "not a PyTorch/zip/pickle file",
+        lambda src, out: bridge.load_torch(src),
     ),
     "pt-hostile": Case(
-        _hostile(Evil()), TORCH_ROUTES, "unsupported GLOBAL posix.system",
+        _hostile(Evil()),
+        TORCH_ROUTES,
+        "unsupported GLOBAL posix.system",
         lambda src, out: bridge.load_torch(src),
     ),
     "pt-unknown-class": Case(
-        _hostile(Unknown()), TORCH_ROUTES, "refused",
+        _hostile(Unknown()),
+        TORCH_ROUTES,
+        "refused",
         lambda src, out: bridge.load_torch(src),
     ),
     # -- outputs that are inputs, or hold them -------------------------------------
     "same-path": Case(
         lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{src}", "--force"),), "the output is the input",
+        (("convert", "{src}", "{src}", "--force"),),
+        "the output is the input",
         lambda src, out: bridge.save_safetensors(tied_state(), src, force=True, inputs=[src]),
     ),
     "same-file-by-symlink": Case(
         lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{root}/link.safetensors", "--force"),), "the output is the input",
+        (("convert", "{src}", "{root}/link.safetensors", "--force"),),
+        "the output is the input",
     ),
     "same-file-by-hard-link": Case(
         lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{root}/hard.safetensors", "--force"),), "the output is the input",
+        (("convert", "{src}", "{root}/hard.safetensors", "--force"),),
+        "the output is the input",
     ),
     "same-file-by-relative-path": Case(
         lambda r: write_safetensors(r / "m.safetensors"),
@@ -205,12 +227,14 @@ CASES = {
     ),
     "dst-inside-src": Case(
         lambda r: write_item(r / "ckpt"),
-        (("convert", "{src}", "{src}/inner.safetensors"),), "would lie inside the input",
+        (("convert", "{src}", "{src}/inner.safetensors"),),
+        "would lie inside the input",
         lambda src, out: jc.consolidate_to_safetensors(src, src / "inner.safetensors"),
     ),
     "src-inside-dst": Case(
         lambda r: write_safetensors(r / "d" / "m.safetensors"),
-        (("convert", "{src}", "{root}/d", "--force"),), "holds the input",
+        (("convert", "{src}", "{root}/d", "--force"),),
+        "holds the input",
     ),
     # -- --force onto something that is not an output of the same kind --------------
     "force-onto-a-directory-of-files": Case(
@@ -223,8 +247,9 @@ CASES = {
         lambda r: write_item(r / "ckpt"),
         (("convert", "{src}", "{root}/notes/todo.safetensors", "--force"),),
         "not a .safetensors file; --force replaces only a .safetensors file",
-        lambda src, out: jc.consolidate_to_safetensors(src, out / "notes/todo.safetensors",
-                                                       force=True),
+        lambda src, out: jc.consolidate_to_safetensors(
+            src, out / "notes/todo.safetensors", force=True
+        ),
     ),
     "force-onto-a-text-file-as-pt": Case(
         lambda r: write_item(r / "ckpt"),
@@ -234,11 +259,14 @@ CASES = {
     # -- alias maps that are bad in any way -----------------------------------------
     "item-map-cycle": Case(
         lambda r: write_item(r / "ckpt", alias_json({"a": "b", "b": "a"})),
-        ITEM_ROUTES, "alias map has a cycle", lambda src, out: jc.restore(src),
+        ITEM_ROUTES,
+        "alias map has a cycle",
+        lambda src, out: jc.restore(src),
     ),
     "item-map-dangling": Case(
         lambda r: write_item(r / "ckpt", alias_json({"x/y": "nope"})),
-        ITEM_ROUTES, "its canonical 'nope' is not an array the checkpoint stores",
+        ITEM_ROUTES,
+        "its canonical 'nope' is not an array the checkpoint stores",
         lambda src, out: jc.restore(src),
     ),
     "item-map-transform-does-not-fit": Case(
@@ -246,54 +274,71 @@ CASES = {
             r / "ckpt",
             alias_json({"head/kernel": {"target": "b", "permute": [1, 0]}}),
         ),
-        ITEM_ROUTES, "transform [1, 0] permutes 2 axes", lambda src, out: jc.restore(src),
+        ITEM_ROUTES,
+        "transform [1, 0] permutes 2 axes",
+        lambda src, out: jc.restore(src),
     ),
     "item-map-duplicate-key": Case(
         lambda r: write_item(
             r / "ckpt",
             '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"x": "b", "x": "b"}}',
         ),
-        ITEM_ROUTES, "repeats the key 'x'", lambda src, out: jc.read_alias_map(src),
+        ITEM_ROUTES,
+        "repeats the key 'x'",
+        lambda src, out: jc.read_alias_map(src),
     ),
     "item-map-unknown-version": Case(
         lambda r: write_item(r / "ckpt", alias_json({}, version=7)),
-        ITEM_ROUTES, "version", lambda src, out: jc.read_alias_map(src),
+        ITEM_ROUTES,
+        "version",
+        lambda src, out: jc.read_alias_map(src),
     ),
     "item-map-oversized": Case(
         lambda r: write_item(r / "ckpt", " " * (16 * 2**20 + 1)),
-        ITEM_ROUTES, "over the limit", lambda src, out: jc.read_alias_map(src),
+        ITEM_ROUTES,
+        "over the limit",
+        lambda src, out: jc.read_alias_map(src),
     ),
     "st-map-cycle": Case(
         lambda r: with_metadata(r / "m.safetensors", alias_json({"a": "b", "b": "a"})),
-        SAFETENSORS_ROUTES, "alias map has a cycle",
+        SAFETENSORS_ROUTES,
+        "alias map has a cycle",
         lambda src, out: bridge.load_safetensors(src),
     ),
     "st-map-dangling": Case(
         lambda r: with_metadata(r / "m.safetensors", alias_json({"x": "nope"})),
-        SAFETENSORS_ROUTES, "names canonical 'nope', which the file does not store",
+        SAFETENSORS_ROUTES,
+        "names canonical 'nope', which the file does not store",
         lambda src, out: bridge.load_safetensors(src),
     ),
     "st-map-transform-does-not-fit": Case(
         lambda r: with_metadata(
             r / "m.safetensors", alias_json({"x": {"target": "b", "permute": [1, 0]}})
         ),
-        SAFETENSORS_ROUTES, "permutes 2 axes", lambda src, out: bridge.load_safetensors(src),
+        SAFETENSORS_ROUTES,
+        "permutes 2 axes",
+        lambda src, out: bridge.load_safetensors(src),
     ),
     "st-map-duplicate-key": Case(
         lambda r: with_metadata(
             r / "m.safetensors",
             '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"x": "b", "x": "b"}}',
         ),
-        SAFETENSORS_ROUTES, "repeats the key 'x'", lambda src, out: bridge.load_safetensors(src),
+        SAFETENSORS_ROUTES,
+        "repeats the key 'x'",
+        lambda src, out: bridge.load_safetensors(src),
     ),
     "st-map-unknown-version": Case(
         lambda r: with_metadata(r / "m.safetensors", alias_json({}, version=9)),
-        SAFETENSORS_ROUTES, "version", lambda src, out: bridge.load_safetensors(src),
+        SAFETENSORS_ROUTES,
+        "version",
+        lambda src, out: bridge.load_safetensors(src),
     ),
     # -- checkpoints that are not one item ------------------------------------------
     "manager-root": Case(
         lambda r: _manager(r / "run"),
-        ITEM_ROUTES, "is a CheckpointManager directory with steps [1, 2]; pass one step",
+        ITEM_ROUTES,
+        "is a CheckpointManager directory with steps [1, 2]; pass one step",
         lambda src, out: jc.restore(src),
     ),
 }
@@ -350,10 +395,15 @@ def test_bad_input_gets_one_line_and_changes_nothing(name, tmp_path, capsys, mon
 def test_the_catalogue_covers_inspect_and_every_convert_route():
     outputs = {
         (c[0], Path(c[2]).suffix if len(c) > 2 else "")
-        for case in CASES.values() for c in case.commands
+        for case in CASES.values()
+        for c in case.commands
     }
-    assert {("inspect", ""), ("convert", ""), ("convert", ".safetensors"),
-            ("convert", ".pt")} <= outputs
+    assert {
+        ("inspect", ""),
+        ("convert", ""),
+        ("convert", ".safetensors"),
+        ("convert", ".pt"),
+    } <= outputs
 
 
 def test_a_plain_orbax_checkpoint_converts_without_ties(tmp_path, capsys):
@@ -361,7 +411,9 @@ def test_a_plain_orbax_checkpoint_converts_without_ties(tmp_path, capsys):
 
     with ocp.StandardCheckpointer() as c:
         c.save((tmp_path / "plain").absolute(), {"w": np.arange(4.0, dtype=np.float32)})
-    assert main(["convert", "--quiet", str(tmp_path / "plain"), str(tmp_path / "o.safetensors")]) == 0
+    assert (
+        main(["convert", "--quiet", str(tmp_path / "plain"), str(tmp_path / "o.safetensors")]) == 0
+    )
     assert read_header(tmp_path / "o.safetensors").tensors.keys() == {"w"}
 
 
@@ -398,8 +450,7 @@ def test_a_full_disk_leaves_the_previous_output_intact(tmp_path, capsys):
         out = mount / "o.safetensors"
         bridge.save_safetensors({"old": torch.ones(4)}, out)
         before = snapshot(mount)
-        assert main(["convert", "--quiet", "--force", str(src), str(out),
-                     "--names", "torch"]) == 1
+        assert main(["convert", "--quiet", "--force", str(src), str(out), "--names", "torch"]) == 1
         err = capsys.readouterr().err
         assert "No space left on device" in err and err.count("\n") == 1
         assert snapshot(mount) == before
@@ -433,8 +484,9 @@ def test_an_injected_full_disk_leaves_the_previous_output_intact(tmp_path, capsy
         def __exit__(self, *exc):
             return self._f.__exit__(*exc)
 
-    monkeypatch.setattr("jaxshare.formats._safetensors.open",
-                        lambda *a, **k: Full(open(*a, **k)), raising=False)
+    monkeypatch.setattr(
+        "jaxshare.formats._safetensors.open", lambda *a, **k: Full(open(*a, **k)), raising=False
+    )
     assert main(["convert", "--quiet", "--force", str(src), str(out), "--names", "torch"]) == 1
     err = capsys.readouterr().err
     assert "No space left on device" in err and err.count("\n") == 1
@@ -469,9 +521,13 @@ def test_our_own_flat_output_converts_back(tmp_path, capsys):
     """`convert ckpt out.safetensors` (Flax names, aliases written out, the map in the
     metadata) converts back to an item whose ties are aliases, and to PyTorch names."""
     emb = jnp.arange(12.0).reshape(3, 4)
-    jc.save(tmp_path / "ckpt", Tied({"wte": {"embedding": emb}, "b": jnp.ones(2)},
-                                     AliasMap({"head/kernel": "wte/embedding"},
-                                              transforms={"head/kernel": (1, 0)})))
+    jc.save(
+        tmp_path / "ckpt",
+        Tied(
+            {"wte": {"embedding": emb}, "b": jnp.ones(2)},
+            AliasMap({"head/kernel": "wte/embedding"}, transforms={"head/kernel": (1, 0)}),
+        ),
+    )
     flat = tmp_path / "flat.safetensors"
     assert main(["convert", "--quiet", str(tmp_path / "ckpt"), str(flat)]) == 0
     assert set(read_header(flat).tensors) == {"wte/embedding", "head/kernel", "b"}
@@ -479,7 +535,18 @@ def test_our_own_flat_output_converts_back(tmp_path, capsys):
     assert jc.read_alias_map(tmp_path / "again") == jc.read_alias_map(tmp_path / "ckpt")
     restored = jc.restore(tmp_path / "again")
     np.testing.assert_array_equal(restored["head"]["kernel"], emb.T)
-    assert main(["convert", "--quiet", str(flat), str(tmp_path / "torch.safetensors"),
-                 "--names", "torch"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "--quiet",
+                str(flat),
+                str(tmp_path / "torch.safetensors"),
+                "--names",
+                "torch",
+            ]
+        )
+        == 0
+    )
     state = bridge.load_safetensors(tmp_path / "torch.safetensors")
     np.testing.assert_array_equal(state["wte.weight"].numpy(), np.asarray(emb))

@@ -13,7 +13,9 @@ def test_all_names_resolve_and_are_documented():
         if callable(obj):
             assert obj.__doc__, f"bridge.{name} has no docstring"
     assert all(isinstance(rule, bridge.Rule) for rule in bridge.DEFAULT_RULES)
-    assert set(bridge.DEFAULT_LAYERS.values()) >= {r for rule in bridge.DEFAULT_RULES for r in rule.layers}
+    assert set(bridge.DEFAULT_LAYERS.values()) >= {
+        r for rule in bridge.DEFAULT_RULES for r in rule.layers
+    }
 
 
 def test_all_is_sorted_and_complete():
@@ -23,8 +25,16 @@ def test_all_is_sorted_and_complete():
 
 
 def test_tree_arguments_are_positional_only_and_options_keyword_only():
-    for name in ("to_flax", "to_torch", "shared_params", "flax_alias_map", "torch_alias_map",
-                 "save_safetensors", "load_safetensors", "load_torch"):
+    for name in (
+        "to_flax",
+        "to_torch",
+        "shared_params",
+        "flax_alias_map",
+        "torch_alias_map",
+        "save_safetensors",
+        "load_safetensors",
+        "load_torch",
+    ):
         params = list(inspect.signature(getattr(bridge, name)).parameters.values())
         assert params[0].kind is inspect.Parameter.POSITIONAL_ONLY, name
         assert all(p.kind in (p.POSITIONAL_ONLY, p.KEYWORD_ONLY) for p in params), name

@@ -65,8 +65,10 @@ def test_round_trip_keeps_values_names_and_ties(source):
 
 def test_a_tie_across_layouts_carries_the_permutation():
     variables, aliases = to_flax(TiedLM())
-    assert aliases == AliasMap({"params/lm_head/kernel": "params/wte/embedding"},
-                               transforms={"params/lm_head/kernel": (1, 0)})
+    assert aliases == AliasMap(
+        {"params/lm_head/kernel": "params/wte/embedding"},
+        transforms={"params/lm_head/kernel": (1, 0)},
+    )
     params = variables["params"]
     np.testing.assert_array_equal(params["lm_head"]["kernel"], params["wte"]["embedding"].T)
 
@@ -124,25 +126,48 @@ def test_like_without_a_collection_wrapper_and_frozen():
     params = jax.eval_shape(AttendLM().init, jax.random.key(0), TOKENS)["params"]
     variables, aliases = to_flax(model, like=FrozenDict(params))
     assert isinstance(variables, FrozenDict) and set(variables) == {"wte", "ln"}
-    assert aliases == AliasMap({"lm_head/kernel": "wte/embedding"}, transforms={"lm_head/kernel": (1, 0)})
+    assert aliases == AliasMap(
+        {"lm_head/kernel": "wte/embedding"}, transforms={"lm_head/kernel": (1, 0)}
+    )
     assert_same_state(to_torch(variables, aliases), model.state_dict())
 
 
 @pytest.mark.parametrize(
     "like, match",
     [
-        ({"params": {"wte": {"embedding": jax.ShapeDtypeStruct((10, 5), jnp.float32)}}},
-         r"'wte.weight' \(10, 4\): no place with a matching shape: 'params/wte/embedding' has shape \(10, 5\)"),
-        ({"params": {"wte": {"embedding": jax.ShapeDtypeStruct((10, 4), jnp.float32)}}},
-         "'ln.weight' has no place in `like`"),
-        ({"params": {"wte": {"embedding": jax.ShapeDtypeStruct((10, 4), jnp.float32)},
-                     "ln": {"scale": jax.ShapeDtypeStruct((4,), jnp.float32),
-                            "bias": jax.ShapeDtypeStruct((4,), jnp.float32)},
-                     "extra": {"kernel": jax.ShapeDtypeStruct((4, 4), jnp.float32)}}},
-         r"`like` has leaves no tensor fills: 'params/extra/kernel' \(4, 4\)"),
-        ({"params": {"ln": {"scale": jax.ShapeDtypeStruct((4,), jnp.float32),
-                            "bias": jax.ShapeDtypeStruct((4,), jnp.float32)}}},
-         r"none of the tied names \['wte.weight', 'lm_head.weight'\] has a place"),
+        (
+            {"params": {"wte": {"embedding": jax.ShapeDtypeStruct((10, 5), jnp.float32)}}},
+            r"'wte.weight' \(10, 4\): no place with a matching shape: "
+            r"'params/wte/embedding' has shape \(10, 5\)",
+        ),
+        (
+            {"params": {"wte": {"embedding": jax.ShapeDtypeStruct((10, 4), jnp.float32)}}},
+            "'ln.weight' has no place in `like`",
+        ),
+        (
+            {
+                "params": {
+                    "wte": {"embedding": jax.ShapeDtypeStruct((10, 4), jnp.float32)},
+                    "ln": {
+                        "scale": jax.ShapeDtypeStruct((4,), jnp.float32),
+                        "bias": jax.ShapeDtypeStruct((4,), jnp.float32),
+                    },
+                    "extra": {"kernel": jax.ShapeDtypeStruct((4, 4), jnp.float32)},
+                }
+            },
+            r"`like` has leaves no tensor fills: 'params/extra/kernel' \(4, 4\)",
+        ),
+        (
+            {
+                "params": {
+                    "ln": {
+                        "scale": jax.ShapeDtypeStruct((4,), jnp.float32),
+                        "bias": jax.ShapeDtypeStruct((4,), jnp.float32),
+                    }
+                }
+            },
+            r"none of the tied names \['wte.weight', 'lm_head.weight'\] has a place",
+        ),
     ],
     ids=["shape", "unmatched-tensor", "unfilled-leaf", "tie-without-place"],
 )
@@ -161,7 +186,9 @@ def test_like_reports_every_problem_at_once():
 def test_like_with_shardings_places_the_arrays():
     mesh = jax.make_mesh((8,), ("x",))
     sharding = jax.NamedSharding(mesh, jax.P("x"))
-    like = {"params": {"w": {"kernel": jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=sharding)}}}
+    like = {
+        "params": {"w": {"kernel": jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=sharding)}}
+    }
     variables, _ = to_flax({"w.weight": torch.randn(16, 8)}, like=like)
     kernel = variables["params"]["w"]["kernel"]
     assert kernel.sharding == sharding and len(kernel.addressable_shards) == 8
@@ -193,7 +220,9 @@ def test_nnx_module_gets_back_the_names_its_state_dropped():
     assert back["again.weight"] is back["blocks.0.weight"]
     torch_model = TorchTwin()
     torch_model.load_state_dict(back, strict=True)
-    np.testing.assert_array_equal(back["again.weight"].numpy(), np.asarray(model.blocks[0].kernel[...]).T)
+    np.testing.assert_array_equal(
+        back["again.weight"].numpy(), np.asarray(model.blocks[0].kernel[...]).T
+    )
 
 
 def test_nnx_like_round_trip():
@@ -205,7 +234,9 @@ def test_nnx_like_round_trip():
     assert isinstance(state, nnx.State)
     real = NnxLM(nnx.Rngs(1))
     nnx.update(real, state)
-    np.testing.assert_array_equal(np.asarray(real.again.kernel[...]), torch_model.again.weight.detach().numpy().T)
+    np.testing.assert_array_equal(
+        np.asarray(real.again.kernel[...]), torch_model.again.weight.detach().numpy().T
+    )
     assert_same_state(to_torch(real), torch_model.state_dict())
 
 
@@ -219,8 +250,12 @@ def test_tied_input():
 
 def test_a_deepspeed_shared_params_dict_is_an_alias_map():
     model = TiedLM()
-    unique = {"params": {"wte": {"embedding": jnp.asarray(model.wte.weight.detach().numpy())},
-                         "ln": {"scale": jnp.ones(4), "bias": jnp.zeros(4)}}}
+    unique = {
+        "params": {
+            "wte": {"embedding": jnp.asarray(model.wte.weight.detach().numpy())},
+            "ln": {"scale": jnp.ones(4), "bias": jnp.zeros(4)},
+        }
+    }
     back = to_torch(unique, shared_params(model))
     assert back["lm_head.weight"] is back["wte.weight"]
     model.load_state_dict(back, strict=True)
@@ -237,9 +272,13 @@ def test_a_deepspeed_dict_with_like_fills_the_names_variables_lack():
 
 def test_a_deepspeed_dict_that_does_not_fit_is_refused():
     variables, _ = to_flax({"a.bias": torch.ones(2), "b.bias": torch.zeros(2)})
-    with pytest.raises(ValueError, match="ties 'b.bias' to 'a.bias', but they hold different values"):
+    with pytest.raises(
+        ValueError, match="ties 'b.bias' to 'a.bias', but they hold different values"
+    ):
         to_torch(variables, {"b.bias": "a.bias"})
-    with pytest.raises(ValueError, match="ties 'c.bias' to 'nope.bias', which the converted weights"):
+    with pytest.raises(
+        ValueError, match="ties 'c.bias' to 'nope.bias', which the converted weights"
+    ):
         to_torch(variables, {"c.bias": "nope.bias"})
 
 
@@ -254,7 +293,8 @@ def test_alias_maps_across_namings():
     # (`wte` types as an embedding by its name, `lm_head` as a Linear.)
     assert flax_alias_map({"lm_head.weight": "wte.weight"}, sd) == AliasMap(
         {"params/lm_head/kernel": "params/wte/embedding"},
-        transforms={"params/lm_head/kernel": (1, 0)})
+        transforms={"params/lm_head/kernel": (1, 0)},
+    )
 
 
 def test_a_flax_tie_whose_layouts_do_not_cancel_is_a_permuted_view():
@@ -263,7 +303,10 @@ def test_a_flax_tie_whose_layouts_do_not_cancel_is_a_permuted_view():
     aliases = {"params/head/kernel": "params/wte/embedding"}  # kernel == embedding, no transpose
     back = to_torch(variables, aliases)
     assert back["head.weight"].shape == (2, 4)
-    assert back["head.weight"].untyped_storage().data_ptr() == back["wte.weight"].untyped_storage().data_ptr()
+    assert (
+        back["head.weight"].untyped_storage().data_ptr()
+        == back["wte.weight"].untyped_storage().data_ptr()
+    )
     with pytest.raises(ValueError, match="differ in layout, so PyTorch cannot tie them"):
         torch_alias_map(aliases, variables)
 
@@ -272,8 +315,19 @@ def test_a_flax_tie_whose_layouts_do_not_cancel_is_a_permuted_view():
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8,
-              torch.int32, torch.int64, torch.uint8, torch.bool, torch.float8_e4m3fn]
+    "dtype",
+    [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+    ],
 )
 def test_dtypes_cross_bit_exactly(dtype):
     if dtype == torch.bool:
@@ -308,11 +362,18 @@ def test_no_copy_where_the_layout_allows():
     "state, error, match",
     [
         ({"a": "text"}, TypeError, "entry 'a' is a str, not a tensor"),
-        ({"a": torch.zeros(2, dtype=torch.float8_e4m3fnuz)}, TypeError, "'a' has dtype torch.float8_e4m3fnuz"),
+        (
+            {"a": torch.zeros(2, dtype=torch.float8_e4m3fnuz)},
+            TypeError,
+            "'a' has dtype torch.float8_e4m3fnuz",
+        ),
         ({"a": torch.zeros(2, device="meta")}, ValueError, "'a' is on the meta device"),
         ({"a/b": torch.zeros(2)}, ValueError, "contains '/'"),
-        ({"a.weight": torch.zeros(2), "a.scale": torch.zeros(2)}, ValueError,
-         "'a.weight' and 'a.scale' both go to 'params/a/scale'"),
+        (
+            {"a.weight": torch.zeros(2), "a.scale": torch.zeros(2)},
+            ValueError,
+            "'a.weight' and 'a.scale' both go to 'params/a/scale'",
+        ),
     ],
 )
 def test_bad_tensors_are_named(state, error, match):
@@ -323,14 +384,26 @@ def test_bad_tensors_are_named(state, error, match):
 @pytest.mark.parametrize(
     "variables, aliases, match",
     [
-        ({"params": {"a": {"bias": jnp.ones(2)}}}, {"params/b/bias": "params/c/bias"},
-         r"no array at canonical path\(s\) \['params/c/bias'\]"),
-        ({"params": {"a": {"bias": jnp.ones(2)}, "b": {"bias": jnp.ones(3)}}}, {"params/b/bias": "params/a/bias"},
-         r"(?s)disagree.*'params/b/bias' \(alias of 'params/a/bias'\): expected float32\[2\]"),
-        ({"params": {"a": {"bias": jnp.ones(2)}, "b": {"bias": jnp.zeros(2)}}}, {"params/b/bias": "params/a/bias"},
-         "(?s)disagree.*'params/b/bias'.*holds different values"),
-        ({"params": {"a": {"kernel": jnp.ones((2, 2)), "weight": jnp.ones((2, 2))}}}, None,
-         "both map to the PyTorch name 'a.weight'"),
+        (
+            {"params": {"a": {"bias": jnp.ones(2)}}},
+            {"params/b/bias": "params/c/bias"},
+            r"no array at canonical path\(s\) \['params/c/bias'\]",
+        ),
+        (
+            {"params": {"a": {"bias": jnp.ones(2)}, "b": {"bias": jnp.ones(3)}}},
+            {"params/b/bias": "params/a/bias"},
+            r"(?s)disagree.*'params/b/bias' \(alias of 'params/a/bias'\): expected float32\[2\]",
+        ),
+        (
+            {"params": {"a": {"bias": jnp.ones(2)}, "b": {"bias": jnp.zeros(2)}}},
+            {"params/b/bias": "params/a/bias"},
+            "(?s)disagree.*'params/b/bias'.*holds different values",
+        ),
+        (
+            {"params": {"a": {"kernel": jnp.ones((2, 2)), "weight": jnp.ones((2, 2))}}},
+            None,
+            "both map to the PyTorch name 'a.weight'",
+        ),
         ([jnp.ones(2)], None, "`variables` must be a Flax variables or params mapping"),
     ],
 )
@@ -343,7 +416,9 @@ def test_to_torch_like_checks_names_and_shapes():
     model = TiedLM()
     variables, aliases = to_flax(model)
     other = tnn.ModuleDict({"wte": tnn.Embedding(10, 4)})
-    with pytest.raises(ValueError, match=r"leaves of `variables` with no name in `like`: \['params/ln/scale'"):
+    with pytest.raises(
+        ValueError, match=r"leaves of `variables` with no name in `like`: \['params/ln/scale'"
+    ):
         to_torch(variables, aliases, like=other)
     assert list(to_torch(variables, aliases, like=model)) == list(model.state_dict())
 

@@ -15,9 +15,9 @@ from hypothesis import given
 from torch import nn
 
 from bridge import load_safetensors, load_torch, save_safetensors, shared_params, to_torch
+from jaxshare import AliasMap
 from jaxshare.cli._inspect import inspect
 from jaxshare.formats import ALIAS_MAP_KEY as METADATA_KEY
-from jaxshare import AliasMap
 
 
 def tied_state() -> dict[str, torch.Tensor]:
@@ -54,7 +54,9 @@ def test_each_storage_is_written_once_and_plain_safetensors_reads_the_file(tmp_p
     with safetensors.safe_open(path, "pt") as f:
         metadata = f.metadata()
     assert AliasMap.from_json(metadata[METADATA_KEY]) == {
-        "lm_head.weight": "wte.weight", "again.weight": "wte.weight"}
+        "lm_head.weight": "wte.weight",
+        "again.weight": "wte.weight",
+    }
     assert metadata["format"] == "pt"
     untied = tmp_path / "untied.safetensors"
     safetensors.torch.save_file({k: v.clone() for k, v in state.items()}, untied)
@@ -108,8 +110,16 @@ def _write_with_metadata(path, tensors, metadata):
 @pytest.mark.parametrize(
     "tensors, aliases, match",
     [
-        ({"a": torch.ones(2)}, {"b": "c"}, r"alias 'b' names canonical 'c', which the file does not store"),
-        ({"a": torch.ones(2), "b": torch.zeros(2)}, {"b": "a"}, "stores 'b', which its metadata ties to 'a', with different values"),
+        (
+            {"a": torch.ones(2)},
+            {"b": "c"},
+            r"alias 'b' names canonical 'c', which the file does not store",
+        ),
+        (
+            {"a": torch.ones(2), "b": torch.zeros(2)},
+            {"b": "a"},
+            "stores 'b', which its metadata ties to 'a', with different values",
+        ),
         ({"a": torch.ones(2)}, None, "is invalid"),
     ],
     ids=["missing-canonical", "stored-alias-differs", "bad-json"],
@@ -126,8 +136,11 @@ def test_a_file_that_also_stores_its_aliases_is_re_tied(tmp_path):
     # `jaxshare convert --names flax` writes aliases out in full for plain readers.
     w = torch.arange(6.0).reshape(2, 3)
     path = tmp_path / "m.safetensors"
-    _write_with_metadata(path, {"a": w, "b": w.t().contiguous()},
-                         {METADATA_KEY: AliasMap({"b": "a"}, transforms={"b": (1, 0)}).to_json()})
+    _write_with_metadata(
+        path,
+        {"a": w, "b": w.t().contiguous()},
+        {METADATA_KEY: AliasMap({"b": "a"}, transforms={"b": (1, 0)}).to_json()},
+    )
     loaded = load_safetensors(path)
     assert torch.equal(loaded["b"], w.t()) and loaded["b"].data_ptr() == loaded["a"].data_ptr()
 
@@ -190,8 +203,15 @@ def test_a_deepspeed_checkpoint_gives_its_module(tmp_path):
     emb = torch.randn(4, 2)
     state = {"wte.weight": emb, "ln.weight": torch.ones(2)}
     path = tmp_path / "mp_rank_00_model_states.pt"
-    torch.save({"module": state, "shared_params": {"lm_head.weight": "wte.weight"},
-                "buffer_names": [], "ds_version": "0.19.8"}, path)
+    torch.save(
+        {
+            "module": state,
+            "shared_params": {"lm_head.weight": "wte.weight"},
+            "buffer_names": [],
+            "ds_version": "0.19.8",
+        },
+        path,
+    )
     loaded = load_torch(path)
     assert loaded["lm_head.weight"] is loaded["wte.weight"]
     assert set(loaded) == {"wte.weight", "ln.weight", "lm_head.weight"}
@@ -215,7 +235,10 @@ def test_a_consolidated_zero_to_fp32_state_dict_loads(tmp_path):
 
 @pytest.mark.parametrize(
     "obj, match",
-    [([torch.ones(1)], "found list"), ({"model": {"w": torch.ones(1)}}, r"found a dict with keys \['model'\]")],
+    [
+        ([torch.ones(1)], "found list"),
+        ({"model": {"w": torch.ones(1)}}, r"found a dict with keys \['model'\]"),
+    ],
 )
 def test_what_is_not_a_state_dict_is_named(tmp_path, obj, match):
     torch.save(obj, tmp_path / "x.pt")
@@ -254,9 +277,12 @@ def test_inspect_a_torch_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, match", [(b"abc", "fewer than the 8 of a header size"),
-                       (struct.pack("<Q", 10**12), "header size"),
-                       (struct.pack("<Q", 3) + b"{x}", "header is not JSON")]
+    "content, match",
+    [
+        (b"abc", "fewer than the 8 of a header size"),
+        (struct.pack("<Q", 10**12), "header size"),
+        (struct.pack("<Q", 3) + b"{x}", "header is not JSON"),
+    ],
 )
 def test_inspect_names_a_broken_safetensors_file(tmp_path, content, match):
     path = tmp_path / "bad.safetensors"

@@ -56,7 +56,9 @@ class Conv1D(tnn.Module):
         self.bias = tnn.Parameter(torch.randn(nf) * 0.1)
 
     def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).reshape(*x.shape[:-1], self.nf)
+        return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).reshape(
+            *x.shape[:-1], self.nf
+        )
 
 
 class GPT2Block(tnn.Module):
@@ -165,7 +167,9 @@ class BertLayer(tnn.Module):
 
     def forward(self, x):
         s, o = self.attention.self, self.attention.output
-        x = o.LayerNorm(x + o.dense(torch_attention(s.query(x), s.key(x), s.value(x), causal=False)))
+        x = o.LayerNorm(
+            x + o.dense(torch_attention(s.query(x), s.key(x), s.value(x), causal=False))
+        )
         return self.output.LayerNorm(x + self.output.dense(F.gelu(self.intermediate.dense(x))))
 
 
@@ -231,7 +235,9 @@ class FlaxBertLayer(nn.Module):
     def __call__(self, x):
         s, o = self.attention.self, self.attention.output
         x = o.LayerNorm(x + o.dense(flax_attention(s.query(x), s.key(x), s.value(x), causal=False)))
-        return self.output.LayerNorm(x + self.output.dense(nn.gelu(self.intermediate.dense(x), approximate=False)))
+        return self.output.LayerNorm(
+            x + self.output.dense(nn.gelu(self.intermediate.dense(x), approximate=False))
+        )
 
 
 class FlaxBertEmbeddings(nn.Module):
@@ -357,7 +363,9 @@ class T5Stack(tnn.Module):
             if self.decoder:
                 ca = block.layer[1]
                 h, a = ca.layer_norm(x), ca.EncDecAttention
-                x = x + a.o(torch_attention(a.q(h), a.k(memory), a.v(memory), causal=False, scale=1.0))
+                x = x + a.o(
+                    torch_attention(a.q(h), a.k(memory), a.v(memory), causal=False, scale=1.0)
+                )
             ff = block.layer[-1]
             x = x + ff.DenseReluDense.wo(F.relu(ff.DenseReluDense.wi(ff.layer_norm(x))))
         return self.final_layer_norm(x)
@@ -391,7 +399,9 @@ class FlaxT5Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Dense(D, use_bias=False) for _ in range(4))
 
     def __call__(self, x, memory):
-        return self.o(flax_attention(self.q(x), self.k(memory), self.v(memory), self.causal, scale=1.0))
+        return self.o(
+            flax_attention(self.q(x), self.k(memory), self.v(memory), self.causal, scale=1.0)
+        )
 
 
 class FlaxT5FF(nn.Module):
@@ -518,7 +528,11 @@ CASES = {
     "gpt2": (GPT2LMHeadModel, FlaxGPT2LMHeadModel, (ids,)),
     "bert": (BertForMaskedLM, FlaxBertForMaskedLM, (ids,)),
     "t5": (T5ForConditionalGeneration, FlaxT5, (ids, dec_ids)),
-    "convnet": (_trained_conv_net, FlaxConvNet, (np.random.default_rng(0).normal(size=(2, 3, 9, 9)).astype(np.float32),)),
+    "convnet": (
+        _trained_conv_net,
+        FlaxConvNet,
+        (np.random.default_rng(0).normal(size=(2, 3, 9, 9)).astype(np.float32),),
+    ),
 }
 
 
@@ -582,7 +596,9 @@ def test_gpt2_layouts_and_the_head_alias():
     like = jax.eval_shape(FlaxGPT2LMHeadModel().init, jax.random.key(0), ids)
     variables, aliases = to_flax(model, like=like)
     c_proj = variables["params"]["transformer"]["h_0"]["attn"]["c_proj"]["kernel"]  # square
-    np.testing.assert_array_equal(c_proj, model.transformer.h[0].attn.c_proj.weight.detach().numpy())
+    np.testing.assert_array_equal(
+        c_proj, model.transformer.h[0].attn.c_proj.weight.detach().numpy()
+    )
     assert dict(aliases) == {"params/lm_head/kernel": "params/transformer/wte/embedding"}
     assert aliases.transform("params/lm_head/kernel") == (1, 0)
 
@@ -627,9 +643,13 @@ def test_half_precision_models(name, dtype):
     model = make_torch().to(dtype).eval()
     variables, aliases = _to_flax_for(name, model)
     floats = [x for x in jax.tree.leaves(variables) if jnp.issubdtype(x.dtype, jnp.floating)]
-    assert {str(x.dtype) for x in floats} == {str(dtype).removeprefix("torch.")}  # no float32 detour
+    assert {str(x.dtype) for x in floats} == {
+        str(dtype).removeprefix("torch.")
+    }  # no float32 detour
     _assert_round_trip(model.state_dict(), to_torch(variables, aliases, like=model))
     # Same weights, both run in float32: the outputs agree.
-    upcast = jax.tree.map(lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, variables)
+    upcast = jax.tree.map(
+        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, variables
+    )
     got = np.asarray(flax_model().apply(upcast, *inputs))
     np.testing.assert_allclose(got, _torch_out(model.float(), inputs), rtol=1e-5, atol=1e-5)

@@ -35,15 +35,30 @@ def _one(layer: tnn.Module) -> tnn.Module:
 
 # (layer, {flax path: (permutation from torch, torch name)})
 LAYERS = [
-    (tnn.Linear(3, 5), {"params/layer/kernel": ((1, 0), "weight"), "params/layer/bias": (None, "bias")}),
-    (tnn.Conv1d(2, 4, 3), {"params/layer/kernel": ((2, 1, 0), "weight"), "params/layer/bias": (None, "bias")}),
-    (tnn.Conv2d(2, 4, (3, 5)), {"params/layer/kernel": ((2, 3, 1, 0), "weight"), "params/layer/bias": (None, "bias")}),
+    (
+        tnn.Linear(3, 5),
+        {"params/layer/kernel": ((1, 0), "weight"), "params/layer/bias": (None, "bias")},
+    ),
+    (
+        tnn.Conv1d(2, 4, 3),
+        {"params/layer/kernel": ((2, 1, 0), "weight"), "params/layer/bias": (None, "bias")},
+    ),
+    (
+        tnn.Conv2d(2, 4, (3, 5)),
+        {"params/layer/kernel": ((2, 3, 1, 0), "weight"), "params/layer/bias": (None, "bias")},
+    ),
     (tnn.Conv3d(2, 4, 3, bias=False), {"params/layer/kernel": ((2, 3, 4, 1, 0), "weight")}),
     (tnn.ConvTranspose2d(2, 4, 3, bias=False), {"params/layer/kernel": ((2, 3, 0, 1), "weight")}),
     (Conv1D(4, 3), {"params/layer/kernel": (None, "weight"), "params/layer/bias": (None, "bias")}),
     (tnn.Embedding(7, 3), {"params/layer/embedding": (None, "weight")}),
-    (tnn.LayerNorm(3), {"params/layer/scale": (None, "weight"), "params/layer/bias": (None, "bias")}),
-    (tnn.GroupNorm(2, 4), {"params/layer/scale": (None, "weight"), "params/layer/bias": (None, "bias")}),
+    (
+        tnn.LayerNorm(3),
+        {"params/layer/scale": (None, "weight"), "params/layer/bias": (None, "bias")},
+    ),
+    (
+        tnn.GroupNorm(2, 4),
+        {"params/layer/scale": (None, "weight"), "params/layer/bias": (None, "bias")},
+    ),
     (tnn.RMSNorm(3), {"params/layer/scale": (None, "weight")}),
     (
         tnn.BatchNorm2d(3),
@@ -55,7 +70,10 @@ LAYERS = [
             "batch_stats/layer/num_batches_tracked": (None, "num_batches_tracked"),
         },
     ),
-    (Custom(), {"params/layer/pos_embed": (None, "pos_embed"), "buffers/layer/step": (None, "step")}),
+    (
+        Custom(),
+        {"params/layer/pos_embed": (None, "pos_embed"), "buffers/layer/step": (None, "step")},
+    ),
 ]
 
 
@@ -66,7 +84,9 @@ def _flat(tree) -> dict:
     }
 
 
-@pytest.mark.parametrize("layer, expected", LAYERS, ids=lambda x: type(x).__name__ if isinstance(x, tnn.Module) else "")
+@pytest.mark.parametrize(
+    "layer, expected", LAYERS, ids=lambda x: type(x).__name__ if isinstance(x, tnn.Module) else ""
+)
 def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
     model = _one(layer)
     variables, aliases = to_flax(model)
@@ -103,14 +123,19 @@ def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
 )
 def test_names_alone_use_the_first_candidate(key, shape, expected):
     variables, aliases = to_flax({key: torch.zeros(shape)})
-    (path, leaf), = _flat(variables).items()
-    assert (path, leaf.shape) == (expected[0], tuple(np.transpose(np.zeros(shape), expected[1]).shape))
+    ((path, leaf),) = _flat(variables).items()
+    assert (path, leaf.shape) == (
+        expected[0],
+        tuple(np.transpose(np.zeros(shape), expected[1]).shape),
+    )
     back = to_torch(variables, aliases)  # the naming record makes the way back exact
     assert list(back) == [key] and back[key].shape == shape
 
 
 def test_a_state_dict_without_layer_types_still_round_trips_exactly():
-    model = tnn.ModuleDict({"c": Conv1D(5, 5), "e": tnn.Embedding(5, 5), "t": tnn.ConvTranspose1d(3, 3, 3)})
+    model = tnn.ModuleDict(
+        {"c": Conv1D(5, 5), "e": tnn.Embedding(5, 5), "t": tnn.ConvTranspose1d(3, 3, 3)}
+    )
     state = model.state_dict()
     back = to_torch(*to_flax(state))
     assert all(torch.equal(back[k], v) for k, v in state.items()) and set(back) == set(state)
@@ -127,18 +152,27 @@ def test_a_square_conv1d_needs_the_module_and_gets_it_right():
 
 def test_like_decides_a_non_square_conv1d_by_shape():
     model = _one(Conv1D(6, 4))
-    like = {"params": {"layer": {"kernel": jax.ShapeDtypeStruct((4, 6), np.float32),
-                                 "bias": jax.ShapeDtypeStruct((6,), np.float32)}}}
+    like = {
+        "params": {
+            "layer": {
+                "kernel": jax.ShapeDtypeStruct((4, 6), np.float32),
+                "bias": jax.ShapeDtypeStruct((6,), np.float32),
+            }
+        }
+    }
     variables, _ = to_flax(model.state_dict(), like=like)
-    np.testing.assert_array_equal(np.asarray(variables["params"]["layer"]["kernel"]),
-                                  model.layer.weight.detach().numpy())
+    np.testing.assert_array_equal(
+        np.asarray(variables["params"]["layer"]["kernel"]), model.layer.weight.detach().numpy()
+    )
 
 
 def test_like_decides_embedding_versus_kernel_by_name():
     state = {"wte.weight": torch.randn(10, 4)}
     like = {"wte": {"embedding": jax.ShapeDtypeStruct((10, 4), np.float32)}}
     variables, _ = to_flax(state, like=like)
-    np.testing.assert_array_equal(np.asarray(variables["wte"]["embedding"]), state["wte.weight"].numpy())
+    np.testing.assert_array_equal(
+        np.asarray(variables["wte"]["embedding"]), state["wte.weight"].numpy()
+    )
 
 
 def test_rules_are_ordered_and_yours_come_first():
@@ -167,7 +201,9 @@ def test_layer_kinds_are_overridable():
     assert variables["params"]["t"]["kernel"].shape == (2, 3)  # kept (in, out)
 
 
-@pytest.mark.parametrize("linen_lists, path", [(False, "params/layers/0/kernel"), (True, "params/layers_0/kernel")])
+@pytest.mark.parametrize(
+    "linen_lists, path", [(False, "params/layers/0/kernel"), (True, "params/layers_0/kernel")]
+)
 def test_list_items_are_named_as_nnx_or_as_linen(linen_lists, path):
     model = tnn.ModuleDict({"layers": tnn.ModuleList([tnn.Linear(2, 2)])})
     rules = Rules(linen_lists=linen_lists)
@@ -196,14 +232,22 @@ def test_like_finds_linen_list_names_by_itself():
     like = jax.eval_shape(Stack().init, jax.random.key(0), np.ones((1, 2), np.float32))
     variables, _ = to_flax(model, like=like)
     assert jax.tree.structure(variables) == jax.tree.structure(like)
-    np.testing.assert_array_equal(np.asarray(variables["params"]["layers_1"]["kernel"]),
-                                  model["layers"][1].weight.detach().numpy().T)
+    np.testing.assert_array_equal(
+        np.asarray(variables["params"]["layers_1"]["kernel"]),
+        model["layers"][1].weight.detach().numpy().T,
+    )
 
 
 def test_candidates_are_restricted_by_a_known_layer():
-    assert [t.name for t in candidates(TorchLeaf("x.weight", (3, 2), layer="embedding"), Rules())] == ["embedding"]
+    assert [
+        t.name for t in candidates(TorchLeaf("x.weight", (3, 2), layer="embedding"), Rules())
+    ] == ["embedding"]
     assert [t.name for t in candidates(TorchLeaf("x.weight", (3, 2)), Rules())] == [
-        "kernel", "kernel", "embedding", "scale", "weight"
+        "kernel",
+        "kernel",
+        "embedding",
+        "scale",
+        "weight",
     ]
 
 
@@ -239,11 +283,19 @@ def test_torch_names_of_flax_leaves(path, ndim, collection, expected):
 @pytest.mark.parametrize(
     "make, error, match",
     [
-        (lambda: Rule("weight", "kernel", layout="sideways"), ValueError, "unknown `layout` 'sideways'"),
+        (
+            lambda: Rule("weight", "kernel", layout="sideways"),
+            ValueError,
+            "unknown `layout` 'sideways'",
+        ),
         (lambda: Rule("a.weight", "kernel"), ValueError, "Rule `torch` must be one non-empty name"),
         (lambda: Rule("weight", ""), ValueError, "Rule `flax`"),
         (lambda: Rules(rules=("weight",)), TypeError, "`rules` must hold Rule objects"),
-        (lambda: to_flax({"a": torch.ones(1)}, rules="weight"), TypeError, "`rules` must be a bridge.Rules"),
+        (
+            lambda: to_flax({"a": torch.ones(1)}, rules="weight"),
+            TypeError,
+            "`rules` must be a bridge.Rules",
+        ),
     ],
 )
 def test_bad_rules_are_refused(make, error, match):

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from bridge import shared_params
-from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 from bridge._shared import storage_key
+from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 
 
 class TiedLM(nn.Module):
@@ -66,7 +66,9 @@ def test_ties_of_a_module(make, expected):
     assert shared_params(make()) == expected
 
 
-@pytest.mark.parametrize("make", [TiedLM, Encoder, lambda: TiedLM(tie=False)], ids=["pair", "four", "none"])
+@pytest.mark.parametrize(
+    "make", [TiedLM, Encoder, lambda: TiedLM(tie=False)], ids=["pair", "four", "none"]
+)
 def test_agrees_with_deepspeed_where_deepspeed_is_right(make):
     model = make()
     assert shared_params(model) == deepspeed_shared_params(model)

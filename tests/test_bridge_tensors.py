@@ -13,8 +13,13 @@ from jaxshare.internal import inverse
 
 @pytest.mark.parametrize(
     "shape, perm",
-    [((300, 257), (1, 0)), ((70, 3, 5, 61), (2, 3, 1, 0)), ((3, 70, 5, 61), (2, 3, 0, 1)),
-     ((257, 300), (0, 1)), ((5, 7), (1, 0))],
+    [
+        ((300, 257), (1, 0)),
+        ((70, 3, 5, 61), (2, 3, 1, 0)),
+        ((3, 70, 5, 61), (2, 3, 0, 1)),
+        ((257, 300), (0, 1)),
+        ((5, 7), (1, 0)),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.bool])
 def test_permuted_copy_is_permute_contiguous(shape, perm, dtype):
@@ -30,7 +35,7 @@ def test_inverse_undoes_the_permutation(perm):
 
 
 def test_bfloat16_bits_cross_both_ways_without_float32():
-    bits = torch.arange(-2**15, 2**15, 7, dtype=torch.int32).to(torch.int16)
+    bits = torch.arange(-(2**15), 2**15, 7, dtype=torch.int32).to(torch.int16)
     t = bits.view(torch.bfloat16)  # every kind of value, NaNs and infinities included
     array = to_array(t)
     assert array.dtype == jnp.bfloat16
@@ -58,7 +63,9 @@ def test_read_only_numpy_and_sharded_arrays_are_copied():
     t = to_tensor(a)
     t[0] = 9.0
     assert a[0] == 0.0
-    sharded = jax.device_put(jnp.arange(16.0), jax.NamedSharding(jax.make_mesh((8,), ("x",)), jax.P("x")))
+    sharded = jax.device_put(
+        jnp.arange(16.0), jax.NamedSharding(jax.make_mesh((8,), ("x",)), jax.P("x"))
+    )
     assert torch.equal(to_tensor(sharded), torch.arange(16.0))
 
 
@@ -70,7 +77,10 @@ def test_zero_dim_and_zero_size():
 
 @pytest.mark.parametrize(
     "value, error, match",
-    [("x", TypeError, "'k' holds a str"), (np.zeros(2, np.complex64).astype("V8"), TypeError, "no PyTorch equivalent")],
+    [
+        ("x", TypeError, "'k' holds a str"),
+        (np.zeros(2, np.complex64).astype("V8"), TypeError, "no PyTorch equivalent"),
+    ],
 )
 def test_to_tensor_refuses_what_it_cannot_carry(value, error, match):
     with pytest.raises(error, match=match):

@@ -20,8 +20,9 @@ def test_demo_tells_the_whole_story(tmp_path, capsys):
 
 
 def test_console_script_entry_point():
-    out = subprocess.run([sys.executable, "-m", "jaxshare.cli", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxshare.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for command in ("inspect", "convert", "demo"):
         assert command in out
 
@@ -29,10 +30,19 @@ def test_console_script_entry_point():
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["inspect", "{tmp}/notes.txt"], "expected an Orbax checkpoint, a Hugging Face or DeepSpeed"),
+        (
+            ["inspect", "{tmp}/notes.txt"],
+            "expected an Orbax checkpoint, a Hugging Face or DeepSpeed",
+        ),
         (["convert", "{tmp}", "{tmp}/out.npz"], "pass --format to say which"),
-        (["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"], "--names chooses the naming of a .safetensors output only"),
-        (["convert", "{tmp}", "{tmp}/out.pt", "--config", "c.json"], "--config and --max-shard-size are for"),
+        (
+            ["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"],
+            "--names chooses the naming of a .safetensors output only",
+        ),
+        (
+            ["convert", "{tmp}", "{tmp}/out.pt", "--config", "c.json"],
+            "--config and --max-shard-size are for",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):

@@ -56,7 +56,8 @@ def test_convert_to_orbax_and_back_keeps_every_tie(weights, tmp_path, model, bac
     assert main(["convert", "--quiet", str(weights), str(ckpt)]) == 0
     assert checkpoint.read_alias_map(ckpt) == AliasMap(
         {"params/lm_head/kernel": "params/wte/embedding"},
-        transforms={"params/lm_head/kernel": (1, 0)})
+        transforms={"params/lm_head/kernel": (1, 0)},
+    )
     restored = checkpoint.restore(ckpt)
     assert str(restored["params"]["wte"]["embedding"].dtype) == "bfloat16"
     out = tmp_path / f"back{back}"
@@ -78,7 +79,9 @@ def test_convert_casts_with_dtype_and_shows_progress(tmp_path, model, capsys):
     err = capsys.readouterr().err
     assert "8 tensors" in err  # The progress summary (stderr is no terminal).
     out = tmp_path / "back.pt"
-    assert main(["convert", str(tmp_path / "ckpt"), str(out), "--dtype", "bfloat16", "--quiet"]) == 0
+    assert (
+        main(["convert", str(tmp_path / "ckpt"), str(out), "--dtype", "bfloat16", "--quiet"]) == 0
+    )
     state = load_torch(out)
     assert state["wte.weight"].dtype == torch.bfloat16
     assert state["bn.num_batches_tracked"].dtype == torch.int64  # integers are not cast

@@ -30,8 +30,14 @@ def test_inspect_prints_the_tie_table(ckpt: Path, capsys: pytest.CaptureFixture[
     assert f"{ckpt} (orbax): 3 arrays, 2 stored" in out
     row = next(line for line in out.splitlines() if line.startswith("lm_head/kernel"))
     assert row.split() == [
-        "lm_head/kernel", "wte/embedding", "jaxshare_alias_map.json", "(50,", "8)", "bfloat16",
-        "800", "B",
+        "lm_head/kernel",
+        "wte/embedding",
+        "jaxshare_alias_map.json",
+        "(50,",
+        "8)",
+        "bfloat16",
+        "800",
+        "B",
     ]
     assert "saved by dedupe: 800 B" in out
 
@@ -48,8 +54,12 @@ def test_inspect_json(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [group] = report["tie_groups"]
     assert group["canonical"] == "lm_head/kernel"
     assert group["aliases"] == [
-        {"path": "wte/embedding", "permute": None, "written_out": False,
-         "origin": "jaxshare_alias_map.json"}
+        {
+            "path": "wte/embedding",
+            "permute": None,
+            "written_out": False,
+            "origin": "jaxshare_alias_map.json",
+        }
     ]
     assert report["alias_map"]["aliases"] == {"wte/embedding": "lm_head/kernel"}
 

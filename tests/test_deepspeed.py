@@ -21,12 +21,10 @@ import safetensors.torch
 import torch
 
 from bridge import load_safetensors, save_safetensors
-from jaxshare import Plan
-from jaxshare.formats import save_plan
 from bridge._zero import DeepSpeedCheckpoint, load_deepspeed
 from bridge._zero_pickle import STAND_INS, FragmentAddress, LossScalerState, load_deepspeed_file
-from jaxshare import AliasMap, TensorSource
-from jaxshare.formats import ALIAS_MAP_KEY
+from jaxshare import AliasMap, Plan, TensorSource
+from jaxshare.formats import ALIAS_MAP_KEY, save_plan
 
 DATA = Path(__file__).resolve().parent / "data" / "deepspeed"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "latest").is_file())

@@ -1,4 +1,3 @@
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -16,8 +15,11 @@ from jaxshare import AliasMap, find_shared
 CASES = [
     ("none", {"a": W, "b": V}, {}),
     ("pair-dict", {"wte": W, "lm_head": W}, {"wte": "lm_head"}),
-    ("triple-nested", {"enc": {"emb": W}, "dec": {"emb": W}, "shared": W},
-     {"enc/emb": "dec/emb", "shared": "dec/emb"}),
+    (
+        "triple-nested",
+        {"enc": {"emb": W}, "dec": {"emb": W}, "shared": W},
+        {"enc/emb": "dec/emb", "shared": "dec/emb"},
+    ),
     ("two-groups", {"a": W, "b": V, "c": W, "d": V}, {"c": "a", "d": "b"}),
     ("list", [W, V, W], {"2": "0"}),
     ("tuple-in-dict", {"t": (V, V)}, {"t/1": "t/0"}),
@@ -25,8 +27,11 @@ CASES = [
     ("dataclass", Model(W, W, V), {"head": "embed"}),
     ("frozendict", FrozenDict({"p": {"x": W, "y": W}}), {"p/y": "p/x"}),
     ("int-keys", {0: W, 1: W}, {"1": "0"}),
-    ("shared-subtree", {"l0": {"k": W, "b": V}, "l1": {"k": W, "b": V}},
-     {"l1/b": "l0/b", "l1/k": "l0/k"}),
+    (
+        "shared-subtree",
+        {"l0": {"k": W, "b": V}, "l1": {"k": W, "b": V}},
+        {"l1/b": "l0/b", "l1/k": "l0/k"},
+    ),
 ]
 
 
@@ -150,6 +155,7 @@ def test_equinox_module_with_a_shared_weight():
 
 # -- by="buffer" ----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def mesh():
     assert jax.device_count() == 8, "tests expect 8 fake CPU devices (see conftest.py)"
@@ -180,7 +186,12 @@ def test_buffer_distinguishes_same_shards_with_other_metadata(mesh):
 
 
 def test_buffer_never_ties_zero_size_arrays():
-    tree = {"a": jnp.zeros((0, 3)), "b": jnp.zeros((0, 3)), "c": np.zeros((0,)), "d": np.zeros((0,))}
+    tree = {
+        "a": jnp.zeros((0, 3)),
+        "b": jnp.zeros((0, 3)),
+        "c": np.zeros((0,)),
+        "d": np.zeros((0,)),
+    }
     assert find_shared(tree, by="buffer") == {}
     z = jnp.zeros((0,))
     assert find_shared({"a": z, "b": z}) == {"b": "a"}  # Identity is still identity.
@@ -217,7 +228,8 @@ def test_buffer_holds_references_while_walking():
             self.n = n
 
     jax.tree_util.register_pytree_node(
-        Fresh, lambda f: ([jnp.full((256,), float(i)) for i in range(f.n)], f.n),
+        Fresh,
+        lambda f: ([jnp.full((256,), float(i)) for i in range(f.n)], f.n),
         lambda n, _: Fresh(n),
     )
     assert find_shared(Fresh(50), by="buffer") == {}

@@ -88,7 +88,11 @@ def test_nnx_state_is_already_the_unique_tree(cls):
 
 def _get(tree, parts):
     for p in parts:
-        tree = tree[int(p)] if isinstance(tree, list) else tree[int(p) if p.isdigit() and p not in tree else p]
+        tree = (
+            tree[int(p)]
+            if isinstance(tree, list)
+            else tree[int(p) if p.isdigit() and p not in tree else p]
+        )
     return tree
 
 

@@ -79,22 +79,42 @@ def big(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("dst_name, extra", [("out.safetensors", ["--names", "torch"]),
-                                             ("ckpt", [])])
+@pytest.mark.parametrize(
+    "dst_name, extra", [("out.safetensors", ["--names", "torch"]), ("ckpt", [])]
+)
 def test_a_killed_convert_keeps_the_previous_output(big, tmp_path, dst_name, extra):
     dst = tmp_path / dst_name
     small = tmp_path / "small.safetensors"
     bridge.save_safetensors({"w0": __import__("torch").zeros(2)}, small)
-    subprocess.run([sys.executable, "-m", "jaxshare.cli", "convert", "--quiet", str(small),
-                    str(dst), *extra], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "jaxshare.cli", "convert", "--quiet", str(small), str(dst), *extra],
+        check=True,
+        capture_output=True,
+    )
     previous = _digest(dst)
 
-    _kill_mid_write(["convert", "--quiet", "--force", str(big), str(dst), *extra],
-                    tmp_path, dst_name, at_bytes=32 * MIB)
+    _kill_mid_write(
+        ["convert", "--quiet", "--force", str(big), str(dst), *extra],
+        tmp_path,
+        dst_name,
+        at_bytes=32 * MIB,
+    )
     assert _digest(dst) == previous
     assert _strays(tmp_path, dst_name)  # The killed run's temporary output is left...
 
-    done = subprocess.run([sys.executable, "-m", "jaxshare.cli", "convert", "--quiet",
-                           "--force", str(small), str(dst), *extra], capture_output=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxshare.cli",
+            "convert",
+            "--quiet",
+            "--force",
+            str(small),
+            str(dst),
+            *extra,
+        ],
+        capture_output=True,
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert _strays(tmp_path, dst_name) == []  # ...and the next run clears it away.

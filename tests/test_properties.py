@@ -31,8 +31,9 @@ POOL = [
     jnp.arange(12, dtype=jnp.float16).reshape(3, 4),
 ]
 TWO_D = [i for i, x in enumerate(POOL) if x.ndim == 2]
-TRANSPOSED = {i: (np.transpose if isinstance(POOL[i], np.ndarray) else jnp.transpose)(POOL[i])
-              for i in TWO_D}
+TRANSPOSED = {
+    i: (np.transpose if isinstance(POOL[i], np.ndarray) else jnp.transpose)(POOL[i]) for i in TWO_D
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,7 @@ def expected_map(tree) -> AliasMap:
 def same_objects(a, b) -> bool:
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
-    return ta == tb and all(x is y for x, y in zip(la, lb))
+    return ta == tb and all(x is y for x, y in zip(la, lb, strict=False))
 
 
 @given(trees)
@@ -112,7 +113,7 @@ def assert_retied(full, original, m: AliasMap) -> None:
     lo, to = jax.tree_util.tree_flatten_with_path(original)
     assert tf == to
     shared: dict[str, object] = {}
-    for (kp, x), (_, y) in zip(lf, lo):
+    for (kp, x), (_, y) in zip(lf, lo, strict=False):
         path = render(keypath_to_path(kp))
         if path in m and m.transform(path) is not None:
             assert x is shared.setdefault(m[path], x)
@@ -128,8 +129,13 @@ def test_find_shared_recovers_identity_ties(refs):
     m = find_shared(tree)
     unique, _ = dedupe(tree, m)
     assert find_shared(retie(unique, m)) == m
-    expected = expected_map(jax.tree.map(lambda r: Ref(r.i + 100 * r.t) if isinstance(r, Ref) else r,
-                                         refs, is_leaf=lambda x: isinstance(x, Ref)))
+    expected = expected_map(
+        jax.tree.map(
+            lambda r: Ref(r.i + 100 * r.t) if isinstance(r, Ref) else r,
+            refs,
+            is_leaf=lambda x: isinstance(x, Ref),
+        )
+    )
     assert m == expected  # a transpose is another object: its own identity group
 
 
@@ -151,8 +157,11 @@ def alias_maps(draw):
     canonicals = draw(st.lists(paths, min_size=1, max_size=3, unique=True))
     aliases = draw(st.lists(paths.filter(lambda p: p not in canonicals), max_size=6, unique=True))
     pairs = {a: draw(st.sampled_from(canonicals)) for a in aliases}
-    transforms = {a: draw(st.permutations(range(draw(st.integers(1, 3)))))
-                  for a in aliases if draw(st.booleans())}
+    transforms = {
+        a: draw(st.permutations(range(draw(st.integers(1, 3)))))
+        for a in aliases
+        if draw(st.booleans())
+    }
     return AliasMap(pairs, transforms=transforms)
 
 

@@ -65,25 +65,38 @@ def test_each_device_reads_its_block_and_a_tie_is_read_once(weights):
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
     target = {
         "params": {
-            "wte": {"embedding": jax.ShapeDtypeStruct((V, D), np.float32,
-                                                      sharding=NamedSharding(mesh, P("x", "y")))},
+            "wte": {
+                "embedding": jax.ShapeDtypeStruct(
+                    (V, D), np.float32, sharding=NamedSharding(mesh, P("x", "y"))
+                )
+            },
             # A Linear weight (2D, D) becomes kernel (D, 2D): its blocks are
             # transposed slices of the file's tensor.
-            "proj": {"kernel": jax.ShapeDtypeStruct((D, 2 * D), np.float32,
-                                                    sharding=NamedSharding(mesh, P("y", "x")))},
-            "lm_head": {"kernel": jax.ShapeDtypeStruct((D, V), np.float32,
-                                                       sharding=NamedSharding(mesh, P(None, "x")))},
+            "proj": {
+                "kernel": jax.ShapeDtypeStruct(
+                    (D, 2 * D), np.float32, sharding=NamedSharding(mesh, P("y", "x"))
+                )
+            },
+            "lm_head": {
+                "kernel": jax.ShapeDtypeStruct(
+                    (D, V), np.float32, sharding=NamedSharding(mesh, P(None, "x"))
+                )
+            },
         }
     }
     source = Counting(bridge.open_source(weights))
     variables, aliases = bridge.to_flax(source, like=target)
-    state = bridge.load_torch(weights) if weights.suffix == ".bin" else \
-        bridge.load_safetensors(weights)
+    state = (
+        bridge.load_torch(weights) if weights.suffix == ".bin" else bridge.load_safetensors(weights)
+    )
     p = variables["params"]
     np.testing.assert_array_equal(p["wte"]["embedding"], state["wte.weight"].numpy())
     np.testing.assert_array_equal(p["proj"]["kernel"], state["proj.weight"].numpy().T)
     np.testing.assert_array_equal(p["lm_head"]["kernel"], state["wte.weight"].numpy().T)
-    for path, leaf in (("wte/embedding", p["wte"]["embedding"]), ("proj/kernel", p["proj"]["kernel"])):
+    for path, leaf in (
+        ("wte/embedding", p["wte"]["embedding"]),
+        ("proj/kernel", p["proj"]["kernel"]),
+    ):
         assert leaf.sharding == target["params"][path.split("/")[0]][path.split("/")[1]].sharding
     # Every read is one device's block: 8 blocks of 1/8 each, never the whole tensor.
     by_name: dict[str, list[int]] = {}
@@ -97,12 +110,20 @@ def test_each_device_reads_its_block_and_a_tie_is_read_once(weights):
 
 def test_replicated_blocks_are_read_once_per_process(weights):
     mesh = Mesh(np.array(jax.devices()), ("x",))
-    target = {"params": {
-        "wte": {"embedding": jax.ShapeDtypeStruct((V, D), np.float32,
-                                                  sharding=NamedSharding(mesh, P()))},
-        "proj": {"kernel": jax.ShapeDtypeStruct((D, 2 * D), np.float32,
-                                                sharding=NamedSharding(mesh, P()))},
-    }}
+    target = {
+        "params": {
+            "wte": {
+                "embedding": jax.ShapeDtypeStruct(
+                    (V, D), np.float32, sharding=NamedSharding(mesh, P())
+                )
+            },
+            "proj": {
+                "kernel": jax.ShapeDtypeStruct(
+                    (D, 2 * D), np.float32, sharding=NamedSharding(mesh, P())
+                )
+            },
+        }
+    }
     source = Counting(bridge.open_source(weights))
     bridge.to_flax(source, like=target)
     assert sorted(source.reads) == [("proj.weight", 2 * D * D * 4), ("wte.weight", V * D * 4)]
@@ -124,8 +145,13 @@ def test_two_processes_each_read_only_their_half(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(i), "2", str(port), str(path)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), "2", str(port), str(path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outputs = [proc.communicate(timeout=240)[0] for proc in procs]

@@ -18,8 +18,11 @@ def leaves_by_path(tree):
 CASES = [
     # name, tree, expected unique tree
     ("dict", {"wte": W, "head": W, "b": V}, {"b": V, "head": W}),
-    ("nested-prunes-emptied", {"wte": {"embedding": W}, "lm_head": {"kernel": W}},
-     {"lm_head": {"kernel": W}}),
+    (
+        "nested-prunes-emptied",
+        {"wte": {"embedding": W}, "lm_head": {"kernel": W}},
+        {"lm_head": {"kernel": W}},
+    ),
     ("list-gets-none", [W, V, W], [W, V, None]),
     ("tuple-gets-none", {"t": (V, V)}, {"t": (V, None)}),
     ("namedtuple", Block(W, W), Block(W, None)),
@@ -37,10 +40,20 @@ def test_dedupe_and_retie_round_trip(name, tree, unique):
     got, m = dedupe(tree)
     assert type(got) is type(unique)
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(unique)
-    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(unique)))
+    assert all(
+        a is b
+        for a, b in zip(
+            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(unique), strict=False
+        )
+    )
     full = retie(got, m)
     assert jax.tree_util.tree_structure(full) == jax.tree_util.tree_structure(tree)
-    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(tree)))
+    assert all(
+        a is b
+        for a, b in zip(
+            jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(tree), strict=False
+        )
+    )
     assert find_shared(full) == m
     assert type(full) is type(tree)
     if isinstance(tree, dict):
@@ -70,8 +83,10 @@ def test_retie_recreates_int_keys_from_siblings():
 
 
 def test_retie_with_transform_shares_one_transposed_array():
-    m = AliasMap({"head/kernel": "wte", "head2/kernel": "wte"},
-                 transforms={"head/kernel": (1, 0), "head2/kernel": (1, 0)})
+    m = AliasMap(
+        {"head/kernel": "wte", "head2/kernel": "wte"},
+        transforms={"head/kernel": (1, 0), "head2/kernel": (1, 0)},
+    )
     full = retie({"wte": W}, m)
     assert full["head"]["kernel"] is full["head2"]["kernel"]
     np.testing.assert_array_equal(full["head"]["kernel"], W.T)
@@ -126,19 +141,37 @@ def test_mutable_mapping_subclass_with_default_factory():
 
 # -- the bad-input catalogue ---------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "tree, amap, match",
     [
         ({"a": W}, {"b": "x/y"}, r"no value at canonical path\(s\) \['x/y'\].*aliases: \['b'\]"),
-        ({"a": W, "b": V}, {"b": "a"},
-         r"'b' \(alias of 'a'\): expected float32\[3, 4\].*got float32\[5\]"),
+        (
+            {"a": W, "b": V},
+            {"b": "a"},
+            r"'b' \(alias of 'a'\): expected float32\[3, 4\].*got float32\[5\]",
+        ),
         ({"a": W, "b": W + 1}, {"b": "a"}, r"'b' \(alias of 'a'\): holds different values"),
-        ({"a": W, "b": W.astype(jnp.bfloat16)}, {"b": "a"}, r"expected float32\[3, 4\].*got bfloat16"),
-        ({"a": W, "b": W}, AliasMap({"b": "a"}, transforms={"b": (1, 0)}),
-         r"expected float32\[4, 3\] \(the canonical transposed by \[1, 0\]\)"),
-        ({"a": W, "b": W}, AliasMap({"b": "a"}, transforms={"b": (2, 0, 1)}),
-         r"alias 'b' has transform \[2, 0, 1\] for 3 axes.*shape \(3, 4\)"),
-        ({"a": W, "l": [W]}, {"l/3": "a"}, r"'l/3': no such path \(stops at 'l', which is not a mapping\)"),
+        (
+            {"a": W, "b": W.astype(jnp.bfloat16)},
+            {"b": "a"},
+            r"expected float32\[3, 4\].*got bfloat16",
+        ),
+        (
+            {"a": W, "b": W},
+            AliasMap({"b": "a"}, transforms={"b": (1, 0)}),
+            r"expected float32\[4, 3\] \(the canonical transposed by \[1, 0\]\)",
+        ),
+        (
+            {"a": W, "b": W},
+            AliasMap({"b": "a"}, transforms={"b": (2, 0, 1)}),
+            r"alias 'b' has transform \[2, 0, 1\] for 3 axes.*shape \(3, 4\)",
+        ),
+        (
+            {"a": W, "l": [W]},
+            {"l/3": "a"},
+            r"'l/3': no such path \(stops at 'l', which is not a mapping\)",
+        ),
         ({"a": W, "b": "text"}, {"b": "a"}, r"'b' \(alias of 'a'\): a str and a ArrayImpl"),
     ],
 )
@@ -156,12 +189,20 @@ def test_dedupe_reports_every_problem_at_once():
 @pytest.mark.parametrize(
     "unique, amap, match",
     [
-        ({"a": W}, {"b": "missing"}, r"`unique_tree` has no value at canonical path\(s\) \['missing'\]"),
+        (
+            {"a": W},
+            {"b": "missing"},
+            r"`unique_tree` has no value at canonical path\(s\) \['missing'\]",
+        ),
         ({"a": W, "b": V}, {"b": "a"}, r"already holds a ArrayImpl at alias path 'b'"),
         ({"a": W, "l": [V]}, {"l/1": "a"}, r"cannot create l/1: its parent is a list"),
         ({"a": W, "t": (V,)}, {"t/x/y": "a"}, r"cannot create t/x: its parent is a tuple"),
         ({"a": W}, {"a/b": "a"}, r"'a' is a leaf of type ArrayImpl"),
-        ({"a": W}, AliasMap({"b": "a"}, transforms={"b": (0, 2, 1)}), r"alias 'b'.*3 axes.*\(3, 4\)"),
+        (
+            {"a": W},
+            AliasMap({"b": "a"}, transforms={"b": (0, 2, 1)}),
+            r"alias 'b'.*3 axes.*\(3, 4\)",
+        ),
         ({"a": None}, {"b": "a"}, r"no value at canonical path\(s\) \['a'\]"),
     ],
 )

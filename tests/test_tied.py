@@ -68,9 +68,9 @@ def test_adam_state_holds_each_tie_once():
 
 def make_step(opt):
     def step(t, state, tokens):
-        l, g = jax.value_and_grad(lambda t: loss(t.tree, tokens))(t)
+        loss_value, g = jax.value_and_grad(lambda t: loss(t.tree, tokens))(t)
         updates, state = opt.update(g, state, t)
-        return optax.apply_updates(t, updates), state, l
+        return optax.apply_updates(t, updates), state, loss_value
 
     return step
 
@@ -92,8 +92,8 @@ def test_training_steps_with_donation_keep_the_tie():
     step = jax.jit(make_step(opt), donate_argnums=(0, 1))
     losses = []
     for _ in range(30):
-        t, state, l = step(t, state, TOKENS)
-        losses.append(float(l))
+        t, state, loss_value = step(t, state, TOKENS)
+        losses.append(float(loss_value))
     assert losses[-1] < losses[0]
     assert step._cache_size() == 1  # the alias map is static aux data: one trace
     full = t.tree

@@ -34,9 +34,7 @@ from jaxshare.internal import float_dtype
 __all__ = ["convert", "output_format"]
 
 
-def output_format(
-    dst: Path, given: str | None, *, hf_options: bool
-) -> str:
+def output_format(dst: Path, given: str | None, *, hf_options: bool) -> str:
     """The output format: ``given``, or what DST's suffix (or the options) say."""
     if given is not None:
         return given
@@ -139,8 +137,7 @@ def _write_safetensors(
         from jaxshare import checkpoint
 
         # Every alias written out too, for readers that know no ties.
-        checkpoint.consolidate_to_safetensors(src, dst, dtype=dtype, force=force,
-                                              progress=progress)
+        checkpoint.consolidate_to_safetensors(src, dst, dtype=dtype, force=force, progress=progress)
         return
     if names == "flax":
         plan = Plan.identity(source) if flax else bridge().flax_plan(source)

@@ -87,8 +87,10 @@ def demo_story(workdir: Path, say: Callable[[str], None]) -> None:
     with torch.no_grad():
         expected = model(torch.from_numpy(tokens)).numpy()
     got = np.asarray(FlaxLM().apply(variables, jnp.asarray(tokens)))
-    say(f"Flax forward equals the PyTorch forward: {np.allclose(got, expected, atol=1e-5)}"
-        f" (max |diff| {np.abs(got - expected).max():.1e})")
+    say(
+        f"Flax forward equals the PyTorch forward: {np.allclose(got, expected, atol=1e-5)}"
+        f" (max |diff| {np.abs(got - expected).max():.1e})"
+    )
 
     state = to_torch(variables, aliases)
     tied = state["lm_head.weight"] is state["wte.weight"]

@@ -98,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=FORMATS, default=None, help="the output format, if DST leaves it open"
     )
     p.add_argument("--dtype", default=None, help="cast floating arrays, e.g. float32")
-    p.add_argument(
-        "--config", default=None, help="config.json of a Hugging Face directory output"
-    )
+    p.add_argument("--config", default=None, help="config.json of a Hugging Face directory output")
     p.add_argument(
         "--max-shard-size",
         default=None,

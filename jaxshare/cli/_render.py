@@ -66,8 +66,7 @@ def _table(report: TieReport, terminal: bool) -> Table:
 def report_lines(report: TieReport) -> tuple[str, str]:
     """The heading and the byte summary around the tie table."""
     heading = (
-        f"{report.source} ({report.kind}): {len(report.arrays)} arrays, "
-        f"{len(report.stored)} stored"
+        f"{report.source} ({report.kind}): {len(report.arrays)} arrays, {len(report.stored)} stored"
     )
     summary = (
         f"bytes stored: {format_bytes(report.bytes_stored)}   with aliases written out: "

@@ -308,8 +308,9 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
     for alias, canonical in amap.items():
         entry = header.tensors.get(canonical)
         if entry is None:
-            problems.append(f"alias {alias!r} names canonical {canonical!r}, which the file "
-                            "does not store")
+            problems.append(
+                f"alias {alias!r} names canonical {canonical!r}, which the file does not store"
+            )
             continue
         perm = amap.transform(alias)
         if perm is not None and len(perm) != len(entry.shape):

@@ -59,6 +59,5 @@ def check_torch_file(path: str | os.PathLike) -> None:
             head = f.read(4)
         found = "an empty file" if not head else f"it starts with {head!r}"
         raise ValueError(
-            f"{path}: not a PyTorch/zip/pickle file ({found}); expected the output of "
-            "`torch.save`."
+            f"{path}: not a PyTorch/zip/pickle file ({found}); expected the output of `torch.save`."
         )
