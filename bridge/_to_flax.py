@@ -260,7 +260,8 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
             blocks[bounds] = data if perm is None else np.ascontiguousarray(data.transpose(perm))
         return blocks[bounds]
 
-    return jax.make_array_from_callback(shape, sharding, block)
+    # (jax annotates the callback as taking `Index | None`, but never passes None.)
+    return jax.make_array_from_callback(shape, sharding, block)  # type: ignore[arg-type]
 
 
 def _with_aliases(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -247,7 +248,7 @@ def _group(
     first: dict[Hashable, int] = {}
     dups: dict[int, list[int]] = {}
     for i, leaf in enumerate(leaves):
-        key = keyfn(leaf, lambda i=i: where(i))
+        key = keyfn(leaf, partial(where, i))
         if key is None:
             continue
         j = first.setdefault(key, i)

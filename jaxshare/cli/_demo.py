@@ -90,12 +90,11 @@ def core_story(say: Callable[[str], None]) -> Tied:
     n_full, n_tied = len(jax.tree_util.tree_leaves(full)), len(jax.tree_util.tree_leaves(params))
     say(f"leaves: full tree {n_full}, Tied {n_tied} (the tie is one leaf)")
 
-    @jax.jit
     def step(p: Tied, tokens: jax.Array) -> tuple[Tied, jax.Array]:
         loss, grads = jax.value_and_grad(lambda p: _loss(p.tree, tokens))(p)
         return jax.tree.map(lambda x, g: x - 0.5 * g, p, grads), loss
 
-    donating = jax.jit(step.__wrapped__, donate_argnums=0)
+    donating = jax.jit(step, donate_argnums=0)
     tokens = jnp.arange(64) % VOCAB
     first = None
     for _ in range(60):
