@@ -28,10 +28,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check --quiet jaxshare bridge tests examples benchmarks conftest.py
 	$(BIN)/lint-imports
 
-# Tests live by layer (tests/core, formats, checkpoint, bridge, cli; tests/docs); tests
-# that share one expensive run (the demo) share an xdist_group, so one worker runs it.
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2
 
 # Benchmarks compare against peers (transformers 4.57, deepspeed, accelerate) that live
 # in their own venv, so they never change the tested set in .venv.

@@ -54,13 +54,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_once(argv: Sequence[str], processes: int, timeout: float) -> list[tuple[int, str]]:
+def _run_once(
+    worker: Path, args: Sequence[str], processes: int, timeout: float
+) -> list[tuple[int, str]]:
     port = _free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # Each worker sets its own device count.
     procs = [
         subprocess.Popen(
-            [sys.executable, *argv[:1], str(i), str(processes), str(port), *argv[1:]],
+            [sys.executable, str(worker), str(i), str(processes), str(port), *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -88,10 +90,9 @@ def run_processes() -> Callable[..., list[tuple[int, str]]]:
     def run(
         worker: Path, *args: str, processes: int = 2, timeout: float = 240
     ) -> list[tuple[int, str]]:
-        argv = [str(worker), *args]
-        results = _run_once(argv, processes, timeout)
+        results = _run_once(worker, args, processes, timeout)
         if any("already in use" in out.lower() for _, out in results):
-            results = _run_once(argv, processes, timeout)
+            results = _run_once(worker, args, processes, timeout)
         return results
 
     return run

@@ -23,8 +23,8 @@ class Demo:
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    """``jaxshare demo``, run once: every test of the demo reads this one run. (Under
-    xdist the tests that use it share one ``xdist_group``, so one worker runs it.)"""
+    """``jaxshare demo``, run once: every test of the demo reads this one run. (Its
+    tests are in one file, and under xdist each file runs on one worker.)"""
     workdir = tmp_path_factory.mktemp("demo")
     output = io.StringIO()
     with contextlib.redirect_stdout(output):

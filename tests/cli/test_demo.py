@@ -3,12 +3,8 @@ command (the ``demo`` fixture), its output and the files it left, section by sec
 
 from __future__ import annotations
 
-import pytest
-
 from jaxshare import checkpoint
 from jaxshare.formats import alias_map_in, read_header
-
-pytestmark = pytest.mark.xdist_group("demo")
 
 
 def test_exits_0_and_tells_every_section(demo):
