@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from _examples import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_tied_lm.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tied_lm.py"
 STEPS = 50
 
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 from _examples import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "convert_torch_checkpoint.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "convert_torch_checkpoint.py"
 
 
 def _load_example() -> ModuleType:

@@ -7,7 +7,7 @@ and is not run.
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def python_blocks() -> list[str]:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoint.py"
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "checkpoint.py"
 
 
 def test_benchmark_smoke_run() -> None:
