@@ -68,6 +68,7 @@ def find_shared(
     AliasMap({'lm_head/embedding': 'wte/embedding'})
     """
     keyfn = key_function(by)  # validates `by` first
+    path_of: Callable[[int], str]
     if is_leaf is None and _nnx.is_nnx_root(tree):
         entries = _nnx.walk(tree)
         leaves = [leaf for _, leaf in entries]
