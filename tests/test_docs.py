@@ -302,12 +302,25 @@ def test_the_readme_is_the_front_door():
         assert cmd in text
 
 
-@pytest.mark.parametrize("path", [*PAGES, ROOT / "benchmarks" / "README.md"], ids=str)
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    headings = re.findall(r"^#+\s+(.*?)\s*$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize(
+    "path", [*PAGES, ROOT / "benchmarks" / "README.md"], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_relative_links_and_named_files_exist(path):
     text = path.read_text()
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-        if "://" not in target:
-            assert (path.parent / target).exists(), f"{path.name} links {target}, which is missing"
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        linked = path.parent / target if target else path
+        assert linked.exists(), f"{path.name} links {target}, which is missing"
+        if anchor:
+            assert anchor in _anchors(linked), f"{path.name} links {target}#{anchor}: no such heading"
     for script in re.findall(r"\b((?:benchmarks|examples)/\w+\.py)\b", text):
         assert (ROOT / script).is_file(), f"{path.name} names {script}, which is missing"
 
