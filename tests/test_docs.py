@@ -160,6 +160,7 @@ class Page:
         self.env = {
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "COLUMNS": "80",  # argparse wraps --help to the terminal's width
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.checked: list[str] = []
