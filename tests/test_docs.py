@@ -102,9 +102,7 @@ def parse(text: str, where: str) -> list[Block]:
                 code="\n".join(body) + "\n",
                 line=start + 1,
                 marker=markers[0] if markers else None,
-                follows_python=bool(blocks)
-                and blocks[-1].kind == "python"
-                and not between.strip(),
+                follows_python=bool(blocks) and blocks[-1].kind == "python" and not between.strip(),
             )
         )
         prose = []
@@ -321,7 +319,9 @@ def test_relative_links_and_named_files_exist(path):
         linked = path.parent / target if target else path
         assert linked.exists(), f"{path.name} links {target}, which is missing"
         if anchor:
-            assert anchor in _anchors(linked), f"{path.name} links {target}#{anchor}: no such heading"
+            assert anchor in _anchors(linked), (
+                f"{path.name} links {target}#{anchor}: no such heading"
+            )
     for script in re.findall(r"\b((?:benchmarks|examples)/\w+\.py)\b", text):
         assert (ROOT / script).is_file(), f"{path.name} names {script}, which is missing"
 
@@ -360,8 +360,16 @@ def test_a_page_that_holds_passes(tmp_path, bin_dir):
         "```console\n$ printf '{\"x\": 1}' > f.json; echo made\nmade\n"
         "$ exit 3  # exit status 3\n```\n\n"
         '<!-- docs-test: file f.json -->\n```json\n{"x": 1}\n```\n\n'
-        "```sh\nmake test\npip install 'jaxshare[torch]'\n```\n"
+        "```sh\nmake test\npip install 'jaxshare[torch]'\n```\n\n"
+        "<!-- docs-test: quote Makefile -->\n```make\ndemo: $(STAMP)\n\t$(BIN)/jaxshare demo\n```\n"
     )
     (tmp_path / "cwd").mkdir()
     checked = run_page(page, tmp_path / "cwd", bin_dir).checked
-    assert checked == ["python", "output of python (text)", "console", "file f.json", "sh"]
+    assert checked == [
+        "python",
+        "output of python (text)",
+        "console",
+        "file f.json",
+        "sh",
+        "quote Makefile",
+    ]
