@@ -94,6 +94,7 @@ def find_shared(
     if keyfn is _identity_key:
         members, starts = _tied_by_identity(leaves)
         if rank is None:  # The hot path: canonical = first in flatten order, at C speed.
+            canonicals = list(map(path_of, members[starts].tolist()))
             canonical_of = np.repeat(members[starts], np.diff(starts, append=len(members)))
             is_alias = np.ones(len(members), bool)
             is_alias[starts] = False
@@ -104,7 +105,6 @@ def find_shared(
                     strict=True,
                 )
             )
-            canonicals = list(map(path_of, members[starts].tolist()))
             groups = None
         else:
             groups = [g.tolist() for g in np.split(members, starts[1:])] if len(members) else []

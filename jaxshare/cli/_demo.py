@@ -110,7 +110,7 @@ def core_story(say: Callable[[str], None]) -> Tied:
 def run(workdir: str | Path | None = None, say: Callable[[str], None] = print) -> None:
     """Runs every story; checkpoints go under ``workdir`` (a temp dir by default)."""
     with tempfile.TemporaryDirectory(prefix="jaxshare-demo-") as tmp:
-        root = Path(workdir) if workdir is not None else Path(tmp)
+        root = Path(workdir).absolute() if workdir is not None else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         core_story(say)
         from jaxshare.cli._demo_checkpoint import demo_story as checkpoint_story
