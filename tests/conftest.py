@@ -9,16 +9,21 @@ layers may each have a ``test_api.py``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,3 +101,33 @@ def run_processes() -> Callable[..., list[tuple[int, str]]]:
         return results
 
     return run
+
+
+@dataclass(frozen=True)
+class Demo:
+    """What ``jaxshare demo --workdir WORKDIR`` returned, printed and left behind."""
+
+    status: int
+    output: str
+    workdir: Path
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Demo:
+    """``jaxshare demo``, run once for the whole test session: the demo's tests and
+    the docs page that shows it read this one run. Under xdist the first worker to
+    ask runs it (in-process) while holding a lock; the others read what it left."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    workdir, result = shared / "demo", shared / "demo.json"
+    with FileLock(str(shared / "demo.lock")):
+        if not result.is_file():
+            from jaxshare.cli import main
+
+            output = io.StringIO()
+            with contextlib.redirect_stdout(output):
+                status = main(["demo", "--workdir", str(workdir)])
+            result.write_text(json.dumps({"status": status, "output": output.getvalue()}))
+    done = json.loads(result.read_text())
+    return Demo(done["status"], done["output"], workdir)

@@ -39,9 +39,11 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from contextlib import redirect_stdout
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,8 +154,8 @@ def _is_setup(command: str) -> bool:
 class Page:
     """Runs one page's blocks in ``cwd``; ``checked`` lists what each block did."""
 
-    def __init__(self, path: Path, cwd: Path, bin_dir: Path) -> None:
-        self.path, self.cwd = path, cwd
+    def __init__(self, path: Path, cwd: Path, bin_dir: Path, demo: Any = None) -> None:
+        self.path, self.cwd, self.demo = path, cwd, demo
         self.where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
         self.namespace: dict = {"__name__": "docs"}
         self.env = {
@@ -229,20 +231,24 @@ class Page:
                 continue
             status = _EXIT.search(command)
             want = int(status.group(1)) if status else 0
-            result = subprocess.run(
-                ["bash", "-c", command],
-                cwd=self.cwd,
-                env=self.env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                check=False,
-            )
-            assert result.returncode == want, (
-                f"{where}: `{command}` exited {result.returncode}, not {want}:\n{result.stdout}"
+            ran = _in_process(command, self.cwd, self.demo)
+            if ran is None:
+                result = subprocess.run(
+                    ["bash", "-c", command],
+                    cwd=self.cwd,
+                    env=self.env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    check=False,
+                )
+                ran = result.returncode, result.stdout
+            status_got, output = ran
+            assert status_got == want, (
+                f"{where}: `{command}` exited {status_got}, not {want}:\n{output}"
             )
             if expected is not None:
-                _same(expected, result.stdout, f"{where}: `{command}`")
+                _same(expected, output, f"{where}: `{command}`")
         return block.kind
 
     @staticmethod
@@ -261,6 +267,40 @@ class Page:
         return [(c, "\n".join(lines) + "\n" if any(lines) else None) for c, lines in out]
 
 
+#: Shell syntax beyond words, quotes and ``$PWD``: such a command runs in bash.
+_SHELL_SYNTAX = re.compile(r"[|;&<>`(){}*?\\]|\$(?!PWD\b|\{PWD\})")
+
+
+def _in_process(command: str, cwd: Path, demo: Any = None) -> tuple[int, str] | None:
+    """Runs a plain ``jaxshare ARGS`` command in this process, as the shim would run
+    it in a new one (its exit status, stdout and stderr together), saving the
+    interpreter and imports per command; ``None`` for anything else. ``jaxshare
+    demo`` is the session's one run of it (the ``demo`` fixture)."""
+    words = shlex.split(command.replace("${PWD}", "$PWD"), comments=True)
+    if not words or words[0] != "jaxshare" or _SHELL_SYNTAX.search(command.split("#")[0]):
+        return None
+    if words[1:2] == ["demo"] and demo is not None:
+        return demo.status, demo.output
+    from jaxshare.cli import main
+
+    argv = [w.replace("$PWD", str(cwd)) for w in words[1:]]
+    out = io.StringIO()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"  # argparse wraps --help to the terminal's width
+    with warnings.catch_warnings(), redirect_stdout(out), redirect_stderr(out):
+        warnings.simplefilter("default")  # As in a fresh interpreter, not pytest's errors.
+        try:
+            status = main(argv)
+        except SystemExit as e:  # argparse: --help, usage errors.
+            status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            if columns is None:
+                del os.environ["COLUMNS"]
+            else:
+                os.environ["COLUMNS"] = columns
+    return status, out.getvalue()
+
+
 @pytest.fixture
 def bin_dir(tmp_path_factory) -> Path:
     """A directory holding a ``jaxshare`` that runs this checkout's CLI."""
@@ -271,11 +311,11 @@ def bin_dir(tmp_path_factory) -> Path:
     return path
 
 
-def run_page(path: Path, cwd: Path, bin_dir: Path) -> Page:
+def run_page(path: Path, cwd: Path, bin_dir: Path, demo: Any = None) -> Page:
     (cwd / "tests").mkdir()
     (cwd / "tests" / "data").symlink_to(ROOT / "tests" / "data")
     blocks = parse(path.read_text(), path.name)
-    page = Page(path, cwd, bin_dir)
+    page = Page(path, cwd, bin_dir, demo)
     old = Path.cwd()
     os.chdir(cwd)
     try:
@@ -287,9 +327,11 @@ def run_page(path: Path, cwd: Path, bin_dir: Path) -> Page:
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_block_of_the_page_runs_and_shows_what_it_prints(path, tmp_path, bin_dir):
+def test_every_block_of_the_page_runs_and_shows_what_it_prints(path, tmp_path, bin_dir, request):
     (tmp_path / "cwd").mkdir()
-    page = run_page(path, tmp_path / "cwd", bin_dir)
+    # The page's `jaxshare demo` is the session's one run of the demo.
+    demo = request.getfixturevalue("demo") if "jaxshare demo" in path.read_text() else None
+    page = run_page(path, tmp_path / "cwd", bin_dir, demo)
     assert page.checked, f"{path.name} has no code block"
 
 
