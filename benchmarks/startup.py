@@ -8,7 +8,8 @@ Each command runs in a fresh process, the runs interleaved, and the median of
 - the peer: ``python -c "import safetensors; read the header"``, what a user runs to
   look into a file, and ``python -c pass``, the interpreter alone.
 
-Every command also runs with torch made unimportable, to show none of them needs it.
+Every command runs with torch made unimportable, to show none of them needs it
+(``--allow-torch`` lifts that, for an older checkout whose ``inspect`` needed torch).
 
     python benchmarks/startup.py [--repeats 7] [--source DIR]
 
@@ -55,11 +56,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--source", type=Path, default=None, help="another jaxshare checkout")
+    parser.add_argument(
+        "--allow-torch",
+        action="store_true",
+        help="let the commands import torch (an older checkout whose inspect needs it)",
+    )
     args = parser.parse_args()
     env = dict(os.environ)
     if args.source is not None:
         env["PYTHONPATH"] = str(args.source.absolute())
-    no_torch = "import sys; sys.modules['torch'] = None; "
+    no_torch = "import sys; " + ("" if args.allow_torch else "sys.modules['torch'] = None; ")
     with tempfile.TemporaryDirectory() as tmp:
         st, item = _make_inputs(Path(tmp))
         py = sys.executable
@@ -81,14 +87,14 @@ def main() -> None:
             "jaxshare inspect FILE.safetensors": [
                 py,
                 "-c",
-                no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
+                no_torch + "from jaxshare.cli import main; sys.exit(main(sys.argv[1:]))",
                 "inspect",
                 str(st),
             ],
             "jaxshare inspect ITEM (Orbax)": [
                 py,
                 "-c",
-                no_torch + "from jaxshare.cli import main; main(sys.argv[1:])",
+                no_torch + "from jaxshare.cli import main; sys.exit(main(sys.argv[1:]))",
                 "inspect",
                 str(item),
             ],
