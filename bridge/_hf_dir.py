@@ -458,6 +458,7 @@ def save_hf(
                     f"{directory}: a Hugging Face directory needs a config.json; pass `config=` "
                     f"({source.where} has none)."
                 )
+        from_source = config is getattr(source, "config", None)
         cfg = config_dict(config)
         if plan is None:
             if _flax_named(source):
@@ -479,7 +480,7 @@ def save_hf(
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
         text = _config_text(config, cfg, entries)
-        generation = _generation_config(source) if getattr(source, "config", None) is cfg else None
+        generation = _generation_config(source) if from_source else None
         _write(
             Path(directory), plan, source, shards, names, text, generation,
             force=force, inputs=inputs, progress=progress,
