@@ -144,7 +144,10 @@ def config_dict(config: Any) -> dict:
 
 def has_transformers() -> bool:
     """Whether ``transformers`` can be imported (without importing it)."""
-    return importlib.util.find_spec("transformers") is not None
+    try:
+        return importlib.util.find_spec("transformers") is not None
+    except (ImportError, ValueError):  # A module set to None in sys.modules: blocked.
+        return False
 
 
 def config_ties(
