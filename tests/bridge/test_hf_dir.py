@@ -66,9 +66,10 @@ def build(kind: str) -> torch.nn.Module:
 
 
 def auto_class(kind: str) -> type:
-    return {"t5": transformers.T5ForConditionalGeneration, "bert": transformers.BertForMaskedLM}.get(
-        kind, transformers.AutoModelForCausalLM
-    )
+    return {
+        "t5": transformers.T5ForConditionalGeneration,
+        "bert": transformers.BertForMaskedLM,
+    }.get(kind, transformers.AutoModelForCausalLM)
 
 
 def logits(model: torch.nn.Module, kind: str) -> torch.Tensor:
@@ -399,7 +400,9 @@ def broken(dirs, tmp_path, how: str) -> tuple[Path, str]:
     flavour = "bin" if how == "bin shard alone" else "sharded"
     path = tmp_path / "broken"
     shutil.copytree(dirs["gpt2", flavour], path)
-    index = path / ("pytorch_model.bin.index.json" if flavour == "bin" else "model.safetensors.index.json")
+    index = path / (
+        "pytorch_model.bin.index.json" if flavour == "bin" else "model.safetensors.index.json"
+    )
     data = json.loads(index.read_text())
     first = sorted(set(data["weight_map"].values()))[0]
     if how in ("shard alone", "bin shard alone"):
