@@ -39,6 +39,7 @@ __all__ = [
     "ConfigTies",
     "config_dict",
     "config_ties",
+    "encoder_decoder_ties",
 ]
 
 #: Model types whose word embeddings transformers ties whatever
@@ -97,14 +98,14 @@ class ConfigTies:
       layers: ``{module prefix: layer kind}`` of the model class, ``None``
         without ``transformers``.
       names: every tensor name of the model class in ``state_dict()`` order,
-        ``None`` without ``transformers``.
+        with its shape; ``None`` without ``transformers``.
       exact: whether the model class told (``False``: the table guessed).
       unnamed: ties the config declares that could not be named, one line each.
     """
 
     ties: Mapping[str, str]
     layers: Mapping[str, str | None] | None = None
-    names: tuple[str, ...] | None = None
+    names: Mapping[str, tuple[int, ...]] | None = None
     exact: bool = False
     unnamed: tuple[str, ...] = ()
 
@@ -184,8 +185,14 @@ def _word_embeddings_tied(config: Mapping[str, Any]) -> bool:
 
 def _table_ties(config: Mapping[str, Any], stored: Collection[str]) -> ConfigTies:
     """The ties the table names (see the module docstring)."""
+    unnamed: list[str] = []
+    if config.get("tie_encoder_decoder"):
+        unnamed.append(
+            "config.json sets tie_encoder_decoder, whose ties only the model class names; "
+            "install transformers (`pip install 'jaxshare[hf]'`) to recover them"
+        )
     if not _word_embeddings_tied(config):
-        return ConfigTies({})
+        return ConfigTies({}, unnamed=tuple(unnamed))
     names = sorted(stored, key=lambda n: (n.count("."), len(n), n))
     ties: dict[str, str] = {}
     # Encoder-decoder models: every stack's embed_tokens is the shared embedding.
@@ -204,7 +211,6 @@ def _table_ties(config: Mapping[str, Any], stored: Collection[str]) -> ConfigTie
     )
     architectures = config.get("architectures") or []
     headed = any(isinstance(a, str) and _HEADED.search(a) for a in architectures)
-    unnamed: list[str] = []
     if headed:
         heads = next(h for marker, h in WORD_EMBEDDING_HEADS if marker is None or marker in stored)
         for alias, canonical in heads.items():
@@ -267,7 +273,7 @@ def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | No
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
     if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
         ties = _v4_ties(model)
-    names = tuple(model.state_dict(keep_vars=True))
+    names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
     # A parameter reached by several names (a module registered twice) is a tie too.
     first: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -275,7 +281,35 @@ def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | No
         if canonical != name and name not in ties:
             ties[name] = canonical
     layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
-    return ConfigTies(ties, layers, names, exact=True)
+    return ConfigTies(ties, layers, MappingProxyType(names), exact=True)
+
+
+def encoder_decoder_ties(
+    names: Mapping[str, tuple[int, ...]], stored: Mapping[str, Any]
+) -> dict[str, str]:
+    """The ties of ``tie_encoder_decoder`` (transformers 4 tied each decoder weight
+    to the encoder's of the same module path; transformers 5 no longer does), for
+    the decoder names of the model (``names``: name -> shape) that the files do
+    not store: ``[p.]decoder[.base].X`` -> ``[p.]encoder.X`` where that is stored
+    with the same shape.
+
+    >>> encoder_decoder_ties({"decoder.bert.l.weight": (2,), "encoder.l.weight": (2,)},
+    ...                      {"encoder.l.weight": None})
+    {'decoder.bert.l.weight': 'encoder.l.weight'}
+    """
+    ties: dict[str, str] = {}
+    for name, shape in names.items():
+        parts = name.split(".")
+        if name in stored or "decoder" not in parts:
+            continue
+        i = parts.index("decoder")
+        head, rest = parts[:i], parts[i + 1 :]
+        for tail in (rest, rest[1:]):  # EncoderDecoderModel: decoder.<base prefix>.X
+            candidate = ".".join([*head, "encoder", *tail])
+            if candidate in stored and names.get(candidate) == shape:
+                ties[name] = candidate
+                break
+    return ties
 
 
 def _v4_ties(model: Any) -> dict[str, str]:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bridge._hf_config import ConfigTies, config_dict, config_ties
+from bridge._hf_config import ConfigTies, config_dict, config_ties, encoder_decoder_ties
 from bridge._names import Rule, Rules, as_rules
 from bridge._sources import StateDictSource
 from jaxshare import AliasMap, ArrayInfo, Plan, PlanEntry, ProgressFn, TensorSource
@@ -177,7 +177,11 @@ class HFDirectory(TensorSource):
         the files are the truth."""
         for line in found.unnamed:
             warnings.warn(f"{self.path}: {line}.", stacklevel=4)
-        groups = _groups(found.ties)
+        declared = dict(found.ties)
+        if self.config and self.config.get("tie_encoder_decoder") and found.names is not None:
+            for alias, canonical in encoder_decoder_ties(found.names, infos).items():
+                declared.setdefault(alias, canonical)
+        groups = _groups(declared)
         order = {name: i for i, name in enumerate(found.names or ())}
         for members in groups:
             present = [m for m in members if m in infos or m in ties]
@@ -314,7 +318,9 @@ def _groups_of(ties: Mapping[str, str]) -> dict[str, int]:
     return {m: i for i, members in enumerate(_groups(ties)) for m in members}
 
 
-def _outputs(plan: Plan, tied_by_config: Mapping[str, str], names: tuple[str, ...] | None):
+def _outputs(
+    plan: Plan, tied_by_config: Mapping[str, str], names: Iterable[str] | None
+) -> tuple[list[PlanEntry], list[str]]:
     """The entries to write: the plan's, plus each alias the config does not tie
     (HF reads no alias map), read from its canonical's source; and the aliases
     left out."""

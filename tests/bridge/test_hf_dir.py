@@ -351,6 +351,28 @@ def test_a_config_tie_that_cannot_be_named_warns(models, tmp_path):
     assert not source.ties
 
 
+def test_tie_encoder_decoder_names_what_transformers_4_left_out(models, tmp_path):
+    model = models["t5"]
+    path = tmp_path / "dir"
+    model.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "tie_encoder_decoder": True}))
+    state = {k: v for k, v in model.state_dict().items() if k not in model.all_tied_weights_keys}
+    left_out = "decoder.block.0.layer.0.SelfAttention.q.weight"
+    state[left_out.replace("decoder", "encoder")] = state[left_out]
+    del state[left_out]
+    (path / "model.safetensors").unlink()
+    bridge.save_safetensors(state, path / "model.safetensors")
+    with bridge.HFDirectory(path) as source:
+        assert source.ties[left_out] == "encoder.block.0.layer.0.SelfAttention.q.weight"
+        assert source.origins[left_out] == "config.json"
+    # transformers 5 no longer ties them: the output writes the decoder's weight out.
+    dst = bridge.save_hf(tmp_path / "out", path)
+    assert left_out in read_header(dst / "model.safetensors").tensors
+    with pytest.warns(UserWarning, match="tie_encoder_decoder"):
+        bridge.HFDirectory(path, use_transformers=False).close()
+
+
 @pytest.mark.parametrize(
     "size,expected",
     [("50GB", 50 * 10**9), ("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("10KiB", 10240),
