@@ -439,7 +439,8 @@ def save_hf(
       max_shard_size: the largest shard, an int (bytes) or a string such as
         ``"5GB"`` (default ``"50GB"``, as transformers 5).
       force: replace an existing Hugging Face directory at ``directory``.
-      inputs: paths the output is made from (the output may be none of them).
+      inputs: more paths the output is made from (the output may be none of them,
+        nor the source's own path).
       progress: ``progress(done, total, name, nbytes)`` after each tensor.
       rules: naming rules for Flax trees and sources.
       use_transformers: as for :class:`HFDirectory`, for the config's ties.
@@ -486,6 +487,9 @@ def save_hf(
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
         text = _config_text(config, cfg, entries)
+        inputs = [*inputs, *([source.path] if source.path is not None else [])]
+        if isinstance(source_or_tree, (str, os.PathLike)):
+            inputs.append(source_or_tree)
         generation = _generation_config(source) if from_source else None
         _write(
             Path(directory), plan, source, shards, names, text, generation,

@@ -1,5 +1,6 @@
 """File formats, with numpy only: safetensors headers, mapping and streaming; what a
-PyTorch file looks like; where a checkpoint item keeps what.
+PyTorch file looks like; where a checkpoint item keeps what; which files of a
+Hugging Face directory hold the weights (its index, shard names, shard sizes).
 
 The layer between jaxshare's core and its framework layers: ``jaxshare inspect``
 of a ``.safetensors`` file, the Orbax consolidation and the PyTorch bridge all

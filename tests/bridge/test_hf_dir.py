@@ -404,7 +404,9 @@ def test_outputs_are_replaced_only_with_force_and_only_hf_directories(dirs, tmp_
         bridge.save_hf(other, src, force=True)
     assert (other / "notes.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="is the input"):
-        bridge.save_hf(src, src, force=True, inputs=[src])
+        bridge.save_hf(src, src, force=True)
+    with bridge.HFDirectory(src) as source, pytest.raises(ValueError, match="is the input"):
+        bridge.save_hf(src, source, force=True)
     with pytest.raises(ValueError, match="needs a config.json"):
         bridge.save_hf(tmp_path / "none", {"w": torch.zeros(2)})
     assert not (tmp_path / "none").exists()
