@@ -185,6 +185,21 @@ def test_the_index_file_opens_the_directory(dirs):
         assert source.layout.flavour == "bin"
 
 
+def test_one_bin_file(models, tmp_path):
+    model = models["t5"]
+    save_bin(model, tmp_path / "t5", "50GB")
+    assert sorted(p.name for p in (tmp_path / "t5").iterdir()) == [
+        "config.json",
+        "pytorch_model.bin",
+    ]
+    with bridge.open_source(tmp_path / "t5") as source:
+        assert source.layout.index is None and source.layout.flavour == "bin"
+        assert groups(source.ties) == groups(model.all_tied_weights_keys)
+        assert set(source.origins.values()) == {"storage"}
+    dst = bridge.save_hf(tmp_path / "out", tmp_path / "t5")
+    assert_loads_as(dst, model, "t5")
+
+
 def test_layer_types_come_from_the_model_class(dirs):
     with bridge.HFDirectory(dirs["gpt2", "one"]) as source:
         assert source.layers["transformer.h.0.attn.c_attn"] == "conv1d"
