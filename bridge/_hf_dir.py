@@ -125,7 +125,7 @@ class HFDirectory(TensorSource):
                 owner[name] = i
                 infos[name] = info
         if layout.index is not None:
-            _check_index(layout.index, layout.files, owner, self._shards)
+            _check_index(layout.index, layout.files, owner)
         self._owner = owner
         ties, transforms, origins = {}, {}, {}
         naming = None
@@ -234,9 +234,9 @@ def _open_shard(file: Path, rules: Rules) -> TensorSource:
     return StateDictSource(load_torch(file, mmap=True), rules, arg=str(file), path=file)
 
 
-def _check_index(
-    index: Path, files: tuple[Path, ...], owner: Mapping[str, int], shards: list[TensorSource]
-) -> None:
+def _check_index(index: Path, files: tuple[Path, ...], owner: Mapping[str, int]) -> None:
+    """Every name the index lists is in the shard it names, and every stored name
+    is listed."""
     from jaxshare.formats import read_index
 
     weight_map = read_index(index).weight_map
@@ -257,21 +257,34 @@ def _check_index(
 
 
 def _groups(ties: Mapping[str, str]) -> list[list[str]]:
-    """The tie groups of ``{alias: canonical}``, each canonical first, in order."""
-    root: dict[str, str] = {}
+    """The tie groups of ``{alias: canonical}`` (chains joined), each in order of
+    first mention, a canonical before its aliases.
+
+    >>> _groups({"b": "a", "c": "b", "y": "x"})
+    [['a', 'b', 'c'], ['x', 'y']]
+    """
+    parent: dict[str, str] = {}
 
     def find(n: str) -> str:
-        while n in ties and ties[n] != n and n not in root:
-            n = ties[n]
-        return root.get(n, n)
+        parent.setdefault(n, n)
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
 
-    groups: dict[str, list[str]] = {}
+    order: list[str] = []
     for alias, canonical in ties.items():
-        r = find(canonical)
-        members = groups.setdefault(r, [r])
         for m in (canonical, alias):
-            if m not in members:
-                members.append(m)
+            if m not in parent:
+                order.append(m)
+        parent.setdefault(canonical, canonical)
+        parent.setdefault(alias, alias)
+        ra, rc = find(alias), find(canonical)
+        if ra != rc:
+            parent[ra] = rc
+    groups: dict[str, list[str]] = {}
+    for m in order:
+        groups.setdefault(find(m), []).append(m)
     return list(groups.values())
 
 
@@ -320,27 +333,25 @@ def _groups_of(ties: Mapping[str, str]) -> dict[str, int]:
 
 def _outputs(
     plan: Plan, tied_by_config: Mapping[str, str], names: Iterable[str] | None
-) -> tuple[list[PlanEntry], list[str]]:
+) -> list[PlanEntry]:
     """The entries to write: the plan's, plus each alias the config does not tie
-    (HF reads no alias map), read from its canonical's source; and the aliases
-    left out."""
+    (transformers reads no alias map) read from its canonical's source, in the
+    model's ``state_dict()`` order where it is known."""
     group = _groups_of(tied_by_config)
     by_name = {e.name: e for e in plan.entries}
     amap = plan.alias_map
     entries = list(plan.entries)
-    left_out = []
     for alias, canonical in amap.items():
         perm = amap.transform(alias)
         if perm is None and alias in group and group[alias] == group.get(canonical):
-            left_out.append(alias)
-            continue
+            continue  # Left out, as save_pretrained leaves it out.
         c = by_name[canonical]
         entries.append(PlanEntry(alias, c.source, compose(perm, c.perm), c.info.permuted(perm)))
     if names is not None:
         rank = {n: i for i, n in enumerate(names)}
         position = {e.name: i for i, e in enumerate(entries)}
         entries.sort(key=lambda e: (rank.get(e.name, len(rank)), position[e.name]))
-    return entries, left_out
+    return entries
 
 
 def _shards(entries: list[PlanEntry], limit: int) -> list[list[PlanEntry]]:
@@ -483,7 +494,7 @@ def save_hf(
             )
         stored = [e.name for e in plan.entries]
         found = config_ties(cfg, stored, rules, use_transformers=use_transformers)
-        entries, _ = _outputs(plan, found.ties, found.names)
+        entries = _outputs(plan, found.ties, found.names)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
         text = _config_text(config, cfg, entries)
