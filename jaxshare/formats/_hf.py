@@ -64,6 +64,7 @@ _UNITS = {
     "MB": 10**6,
     "KB": 10**3,
 }
+_SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.(safetensors|bin)$")
 _SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 
 
@@ -326,6 +327,17 @@ def check_not_a_shard(path: str | os.PathLike) -> None:
         raise ValueError(
             f"{path}: one shard of the {n} that {index.name} lists; alone it holds only part "
             f"of the model. Open the directory {index.parent} (or the index {index}) instead."
+        )
+    m = _SHARD_NAME.search(Path(path).name)
+    if (
+        m is not None
+        and int(m.group(2)) > 1
+        and not any(Path(path).parent.glob(f"*{INDEX_SUFFIX}"))
+    ):
+        raise ValueError(
+            f"{path}: named as shard {int(m.group(1))} of {int(m.group(2))}, but no index "
+            f"(*{INDEX_SUFFIX}) beside it lists the shards; alone it holds only part of the "
+            "model. Open the directory holding every shard and its index."
         )
 
 

@@ -446,6 +446,9 @@ def broken(dirs, tmp_path, how: str) -> tuple[Path, str]:
     first = sorted(set(data["weight_map"].values()))[0]
     if how in ("shard alone", "bin shard alone"):
         return path / first, "one shard of the .* Open the directory"
+    if how == "shard without its index":
+        index.unlink()
+        return path / first, "named as shard 1 of .* no index"
     if how == "missing shard":
         (path / first).unlink()
         return path, f"lists shard.*{first}.*does not hold"
@@ -463,6 +466,7 @@ def broken(dirs, tmp_path, how: str) -> tuple[Path, str]:
 
 BAD = (
     "shard alone",
+    "shard without its index",
     "bin shard alone",
     "missing shard",
     "corrupt index",
