@@ -25,7 +25,7 @@ import os
 import re
 import warnings
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -101,6 +101,8 @@ class ConfigTies:
         with its shape; ``None`` without ``transformers``.
       exact: whether the model class told (``False``: the table guessed).
       unnamed: ties the config declares that could not be named, one line each.
+      model: the model class built on the meta device (no memory), to name Flax
+        leaves after (``like=``); ``None`` without ``transformers``.
     """
 
     ties: Mapping[str, str]
@@ -108,6 +110,7 @@ class ConfigTies:
     names: Mapping[str, tuple[int, ...]] | None = None
     exact: bool = False
     unnamed: tuple[str, ...] = ()
+    model: Any = field(default=None, repr=False, compare=False)
 
 
 def config_dict(config: Any) -> dict:
@@ -281,7 +284,7 @@ def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | No
         if canonical != name and name not in ties:
             ties[name] = canonical
     layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
-    return ConfigTies(ties, layers, MappingProxyType(names), exact=True)
+    return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
 
 
 def encoder_decoder_ties(

@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -292,8 +292,10 @@ def _flax_named(source: TensorSource) -> bool:
     return source.kind == "orbax" or any("/" in name for name in source.infos)
 
 
-def _open_any(what: Any, rules: Rules) -> TensorSource:
-    """A source of whatever ``save_hf`` was given."""
+def _open_any(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource:
+    """A source of whatever ``save_hf`` was given; Flax trees are named in PyTorch
+    by their naming record, else after ``like()`` (the config's meta model, or
+    ``None``: by the rules)."""
     from jaxshare.internal import is_nnx_module
 
     if isinstance(what, TensorSource):
@@ -320,7 +322,9 @@ def _open_any(what: Any, rules: Rules) -> TensorSource:
     if isinstance(what, (Tied, Mapping)) or is_nnx_module(what):
         from bridge._to_torch import to_torch
 
-        return StateDictSource(to_torch(what, rules=rules), rules, arg="source_or_tree")
+        named = isinstance(what, Tied) and what.alias_map.naming is not None
+        state = to_torch(what, rules=rules, like=None if named else like())
+        return StateDictSource(state, rules, arg="source_or_tree")
     raise TypeError(
         "`source_or_tree` must be a path, a jaxshare.TensorSource, a torch module or state "
         f"dict, Flax variables, a jaxshare.Tied or an nnx.Module, got {type(what).__name__}."
@@ -467,7 +471,19 @@ def save_hf(
     rules = as_rules(rules)
     limit = parse_size(DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
     float_dtype(dtype)
-    source = _open_any(source_or_tree, rules)
+
+    def meta(config: Any) -> ConfigTies:
+        return config_ties(config_dict(config), (), rules, use_transformers=use_transformers)
+
+    def like() -> Any:
+        """The meta model to name Flax leaves after, where no naming record does."""
+        if config is None:
+            raise ValueError(
+                f"{directory}: a Hugging Face directory needs a config.json; pass `config=`."
+            )
+        return meta(config).model
+
+    source = _open_any(source_or_tree, rules, like)
     try:
         if config is None:
             config = getattr(source, "config", None)
@@ -478,11 +494,13 @@ def save_hf(
                 )
         from_source = config is getattr(source, "config", None)
         cfg = config_dict(config)
+        found = meta(cfg)
         if plan is None:
             if _flax_named(source):
                 from bridge._plans import torch_plan
 
-                plan = torch_plan(source, rules=rules)
+                named = source.ties.naming is not None
+                plan = torch_plan(source, rules=rules, like=None if named else found.model)
             else:
                 plan = Plan.identity(source)
         plan = plan.cast(dtype)
@@ -492,8 +510,9 @@ def save_hf(
                 f"{directory}: a Hugging Face directory holds PyTorch names, but the plan names "
                 f"{flax_names[:3]}; pass `plan=bridge.torch_plan(source)`."
             )
-        stored = [e.name for e in plan.entries]
-        found = config_ties(cfg, stored, rules, use_transformers=use_transformers)
+        if not found.exact:  # The table decides by the names stored.
+            stored = [e.name for e in plan.entries]
+            found = config_ties(cfg, stored, rules, use_transformers=False)
         entries = _outputs(plan, found.ties, found.names)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]

@@ -296,6 +296,18 @@ def test_round_trip_loads_in_transformers(dirs, models, kind, flavour, route, tm
         assert groups(back.ties) == groups(models[kind].all_tied_weights_keys)
 
 
+def test_flax_trees_without_a_naming_record_are_named_after_the_config(dirs, models, tmp_path):
+    # No naming record: GPT-2's Conv1D kernels keep their layout because the meta
+    # model of the config says they are Conv1D, not Linear.
+    variables, _ = bridge.to_flax(dirs["gpt2", "one"])  # lm_head/kernel is wte/embedding.T
+    dst = bridge.save_hf(tmp_path / "out", variables, config=models["gpt2"].config)
+    assert_loads_as(dst, models["gpt2"], "gpt2")
+    checkpoint.save(tmp_path / "plain", variables)  # A plain Orbax item, no naming record.
+    assert checkpoint.read_alias_map(tmp_path / "plain").naming is None
+    dst = bridge.save_hf(tmp_path / "out2", tmp_path / "plain", config=dirs["gpt2", "one"])
+    assert_loads_as(dst, models["gpt2"], "gpt2")
+
+
 def test_shards_and_index(dirs, models, tmp_path):
     dst = bridge.save_hf(tmp_path / "out", dirs["gpt2", "one"], max_shard_size="3KB")
     index = json.loads((dst / "model.safetensors.index.json").read_text())
