@@ -114,6 +114,17 @@ def test_to_orbax_and_back(hf, models, kind, tmp_path, capsys):
     assert tree_hash(hf[kind]) == before
 
 
+def test_a_plain_orbax_checkpoint_is_named_after_the_config(hf, models, tmp_path):
+    import bridge
+    from jaxshare import checkpoint
+
+    variables, _ = bridge.to_flax(hf["gpt2"])
+    checkpoint.save(tmp_path / "plain", variables)  # No naming record.
+    out = tmp_path / "out"
+    assert run("convert", "--quiet", tmp_path / "plain", out, "--config", hf["gpt2"]) == 0
+    assert_loads(out, models["gpt2"])
+
+
 def test_through_a_safetensors_file(hf, models, tmp_path):
     file, out = tmp_path / "w.safetensors", tmp_path / "out"
     assert run("convert", "--quiet", hf["gpt2"], file) == 0
