@@ -22,6 +22,7 @@ from bridge._shared import shared_params, state_dict_of
 from bridge._tensors import numpy_dtype, numpy_view
 from jaxshare import AliasMap, ArrayInfo, TensorSource
 from jaxshare.formats import (
+    CONFIG_FILE,
     INDEX_SUFFIX,
     TORCH_SUFFIXES,
     WEIGHT_SUFFIXES,
@@ -133,7 +134,8 @@ def open_source(
         a ``.safetensors`` file (mapped, read lazily), a ``.pt``/``.bin``/``.pth``
         file (loaded with ``weights_only=True``, memory-mapped where it can be), a
         DeepSpeed checkpoint folder (:class:`bridge.DeepSpeedCheckpoint`), a
-        Hugging Face directory or its ``*.index.json`` (:class:`bridge.HFDirectory`).
+        Hugging Face directory, its ``*.index.json`` or its ``config.json``
+        (:class:`bridge.HFDirectory`).
         A weights file that an index beside it lists as one shard of several is
         refused: open the directory.
       rules: the naming rules (their layer table types a module's layers).
@@ -156,6 +158,10 @@ def open_source(
             from bridge._hf_dir import HFDirectory
 
             return HFDirectory(path, rules=rules)
+        if path.is_file() and path.name == CONFIG_FILE and is_hf_directory(path.parent):
+            from bridge._hf_dir import HFDirectory
+
+            return HFDirectory(path.parent, rules=rules)
         if path.suffix == ".safetensors" and path.is_file():
             check_not_a_shard(path)
             return SafetensorsFile(path)

@@ -183,6 +183,8 @@ def test_the_index_file_opens_the_directory(dirs):
         assert dict(source.ties) == {"lm_head.weight": "transformer.wte.weight"}
     with bridge.open_source(dirs["gpt2", "bin"] / "pytorch_model.bin.index.json") as source:
         assert source.layout.flavour == "bin"
+    with bridge.open_source(dirs["gpt2", "bin"] / "config.json") as source:
+        assert source.path == dirs["gpt2", "bin"]
 
 
 def test_one_bin_file(models, tmp_path):
