@@ -174,6 +174,26 @@ def test_an_output_needs_a_config(hf, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tie_that_cannot_be_named_is_one_warning_line(hf, tmp_path, capsys):
+    import warnings
+
+    import bridge
+
+    path = tmp_path / "dir"
+    shutil.copytree(hf["gpt2"], path)
+    for shard in path.glob("model*"):
+        shard.unlink()
+    state = build("gpt2").state_dict()
+    del state["transformer.wte.weight"], state["lm_head.weight"]
+    bridge.save_safetensors(state, path / "model.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert run("inspect", path) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("jaxshare inspect: warning: ") and "hold none of them" in err
+
+
 def _break(path: Path, how: str) -> tuple[Path, str]:
     index = path / "model.safetensors.index.json"
     first = sorted(set(json.loads(index.read_text())["weight_map"].values()))[0]
