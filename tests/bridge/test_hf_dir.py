@@ -296,6 +296,9 @@ def test_round_trip_loads_in_transformers(dirs, models, kind, flavour, route, tm
     with bridge.HFDirectory(dst) as back:
         assert not set(back.infos) & set(models[kind].all_tied_weights_keys)
         assert groups(back.ties) == groups(models[kind].all_tied_weights_keys)
+        if route == "orbax":  # The naming record came along: the same Flax names again.
+            assert back.ties.naming is not None
+            assert bridge.flax_plan(back) == bridge.flax_plan(src)
 
 
 def test_flax_trees_without_a_naming_record_are_named_after_the_config(dirs, models, tmp_path):
