@@ -40,6 +40,7 @@ __all__ = [
     "config_dict",
     "config_ties",
     "encoder_decoder_ties",
+    "tie_groups",
 ]
 
 #: Model types whose word embeddings transformers ties whatever
@@ -330,3 +331,35 @@ def _v4_ties(model: Any) -> dict[str, str]:
     if id(inp) in names and id(out) in names:
         ties[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
     return ties
+
+
+def tie_groups(ties: Mapping[str, str]) -> list[list[str]]:
+    """The tie groups of ``{alias: canonical}`` (chains joined), each in order of
+    first mention, a canonical before its aliases.
+
+    >>> tie_groups({"b": "a", "c": "b", "y": "x"})
+    [['a', 'b', 'c'], ['x', 'y']]
+    """
+    parent: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        parent.setdefault(n, n)
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    order: list[str] = []
+    for alias, canonical in ties.items():
+        for m in (canonical, alias):
+            if m not in parent:
+                order.append(m)
+        parent.setdefault(canonical, canonical)
+        parent.setdefault(alias, alias)
+        ra, rc = find(alias), find(canonical)
+        if ra != rc:
+            parent[ra] = rc
+    groups: dict[str, list[str]] = {}
+    for m in order:
+        groups.setdefault(find(m), []).append(m)
+    return list(groups.values())
