@@ -269,7 +269,7 @@ def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | No
                 cls = getattr(transformers, architectures[0], None)
             with torch.device("meta"):
                 if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-                    model = cls._from_config(hf_config)
+                    model = cls._from_config(hf_config)  # type: ignore[attr-defined]
                 else:
                     model = transformers.AutoModel.from_config(hf_config)
         except Exception:  # noqa: BLE001 -- any failure: the table decides instead.

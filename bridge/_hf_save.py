@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +153,10 @@ def _config_text(config: Any, cfg: dict, entries: list[PlanEntry]) -> bytes:
 
 def _numpy_dtype(name: str) -> np.dtype:
     try:
-        return float_dtype(name)
+        parsed = float_dtype(name)
     except ValueError:
         return np.dtype(name)
+    return np.dtype(name) if parsed is None else parsed
 
 
 def _is_float(name: str) -> bool:
@@ -178,7 +179,7 @@ def save_hf(
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
-    rules: Rules | Iterable[Rule] | None = None,
+    rules: Rules | Sequence[Rule] | None = None,
     use_transformers: bool | None = None,
 ) -> Path:
     """Writes a Hugging Face model directory that transformers'

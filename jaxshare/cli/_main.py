@@ -16,6 +16,7 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 #: ``--format`` choices (kept here so that ``--help`` imports nothing else).
 FORMATS = ("orbax", "safetensors", "torch", "hf")
@@ -136,7 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns its exit status (0, 1 for bad input, 2 for usage)."""
     args = build_parser().parse_args(argv)
 
-    def show(message: Warning | str, category: type[Warning], *rest: object) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         # A warning is one line too (e.g. a tie config.json declares that cannot be named).
         print(f"jaxshare {args.command}: warning: {_one_line(message)}", file=sys.stderr)
 

@@ -236,17 +236,21 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory.")
+    config = (path.parent if path.is_file() else path) / CONFIG_FILE
+    config_file = config if config.is_file() else None
     if path.is_file():
         if not path.name.endswith(INDEX_SUFFIX):
             raise ValueError(f"{path}: not a Hugging Face index file (*{INDEX_SUFFIX}).")
         directory, index = path.parent, path
     else:
-        directory, index = path, None
-        for name in (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS):
-            if (path / name).is_file():
-                index = path / name if name.endswith(INDEX_SUFFIX) else None
-                single = None if index is not None else path / name
-                break
+        directory = path
+        found = [path / n for n in (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS)]
+        found = [p for p in found if p.is_file()]
+        if found and not found[0].name.endswith(INDEX_SUFFIX):
+            single = found[0]
+            return HFLayout(directory, _flavour(single.name), None, (single,), config_file)
+        if found:
+            index = found[0]
         else:
             others = sorted(p.name for p in path.glob(f"*{INDEX_SUFFIX}"))
             if len(others) != 1:
@@ -257,15 +261,6 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
                     + "."
                 )
             index = path / others[0]
-        if index is None:
-            config = directory / CONFIG_FILE
-            return HFLayout(
-                directory,
-                _flavour(single.name),
-                None,
-                (single,),
-                config if config.is_file() else None,
-            )
     parsed = read_index(index)
     if not parsed.weight_map:
         raise ValueError(f"{index}: the index lists no tensors.")
@@ -279,14 +274,8 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
     suffixes = {_flavour(f) for f in parsed.files}
     if len(suffixes) != 1:
         raise ValueError(f"{index}: lists both .safetensors and .bin shards; expected one kind.")
-    config = directory / CONFIG_FILE
-    return HFLayout(
-        directory,
-        suffixes.pop(),
-        index,
-        tuple(directory / f for f in parsed.files),
-        config if config.is_file() else None,
-    )
+    files = tuple(directory / f for f in parsed.files)
+    return HFLayout(directory, suffixes.pop(), index, files, config_file)
 
 
 def is_hf_directory(path: Path) -> bool:
