@@ -18,6 +18,7 @@ if _typing.TYPE_CHECKING:
     from bridge._names import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
     from bridge._names import DEFAULT_RULES as DEFAULT_RULES
     from bridge._zero import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from bridge._hf_dir import HFDirectory as HFDirectory
     from bridge._names import Rule as Rule
     from bridge._names import Rules as Rules
     from bridge._to_flax import flax_alias_map as flax_alias_map
@@ -26,6 +27,7 @@ if _typing.TYPE_CHECKING:
     from bridge._safetensors import load_safetensors as load_safetensors
     from bridge._torchfile import load_torch as load_torch
     from bridge._sources import open_source as open_source
+    from bridge._hf_save import save_hf as save_hf
     from bridge._safetensors import save_safetensors as save_safetensors
     from bridge._torchfile import save_torch as save_torch
     from bridge._shared import shared_params as shared_params
@@ -39,6 +41,7 @@ __all__ = [
     "DEFAULT_LAYER_NAMES",
     "DEFAULT_RULES",
     "DeepSpeedCheckpoint",
+    "HFDirectory",
     "Rule",
     "Rules",
     "flax_alias_map",
@@ -47,6 +50,7 @@ __all__ = [
     "load_safetensors",
     "load_torch",
     "open_source",
+    "save_hf",
     "save_safetensors",
     "save_torch",
     "shared_params",
@@ -61,6 +65,7 @@ _HOMES = {
     "DEFAULT_LAYER_NAMES": "bridge._names",
     "DEFAULT_RULES": "bridge._names",
     "DeepSpeedCheckpoint": "bridge._zero",
+    "HFDirectory": "bridge._hf_dir",
     "Rule": "bridge._names",
     "Rules": "bridge._names",
     "flax_alias_map": "bridge._to_flax",
@@ -69,6 +74,7 @@ _HOMES = {
     "load_safetensors": "bridge._safetensors",
     "load_torch": "bridge._torchfile",
     "open_source": "bridge._sources",
+    "save_hf": "bridge._hf_save",
     "save_safetensors": "bridge._safetensors",
     "save_torch": "bridge._torchfile",
     "shared_params": "bridge._shared",

@@ -150,7 +150,7 @@ DEFAULT_LAYERS: Mapping[str, str] = MappingProxyType(
 #: Module names (the last part of a module path) -> layer kind, used only where the
 #: layer types are unknown (a bare state dict or file, no module and no config) and no
 #: target tree (``like=``) decides, so a state dict gives the same Flax tree as its
-#: module. The usual Hugging Face names: embeddings, the output head, and GPT-2's
+#: module. The usual Hugging Face names: embeddings, the output heads, and GPT-2's
 #: ``Conv1D`` layers (weight stored ``(in, out)``).
 DEFAULT_LAYER_NAMES: Mapping[str, str] = MappingProxyType(
     {
@@ -163,7 +163,9 @@ DEFAULT_LAYER_NAMES: Mapping[str, str] = MappingProxyType(
             "embedding",
         ),
         **dict.fromkeys(("c_attn", "c_fc", "c_proj", "q_attn"), "conv1d"),
-        "lm_head": "linear",
+        # Output heads: GPT-2/Llama/T5 `lm_head`, BERT `cls.predictions.decoder`,
+        # RoBERTa `lm_head.decoder` (tied to the word embeddings, so often not stored).
+        **dict.fromkeys(("lm_head", "decoder"), "linear"),
     }
 )  # fmt: skip
 

@@ -8,7 +8,8 @@ file (``.pt``/``.bin``/``.pth``), or a directory -- a Hugging Face directory whe
 
 - PyTorch names -> Flax paths: ``bridge.flax_plan``;
 - Flax paths -> PyTorch names: ``bridge.torch_plan`` (the naming record a
-  conversion stored makes it exact);
+  conversion stored makes it exact; for a Hugging Face directory without one,
+  ``bridge.save_hf`` names them after the config's model class);
 - same naming: ``Plan.identity`` (re-shard, cast, re-tie);
 
 and a writer streams the outputs one tensor at a time: an Orbax item, a
@@ -86,11 +87,11 @@ def convert(
         elif fmt == "torch":
             _write_torch_file(dst, source, flax, dtype, force, progress, src)
         else:
-            plan = bridge().torch_plan(source) if flax else Plan.identity(source)
+            # save_hf plans: a naming record, else the config's model class, names Flax leaves.
             bridge().save_hf(
                 dst,
                 source,
-                plan=plan.cast(dtype),
+                dtype=dtype,
                 config=config if config is not None else _config_of(source, dst),
                 max_shard_size=max_shard_size,
                 force=force,

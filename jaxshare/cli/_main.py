@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 #: ``--format`` choices (kept here so that ``--help`` imports nothing else).
 FORMATS = ("orbax", "safetensors", "torch", "hf")
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException | str) -> str:
     """An error message on one line: its lines joined with ``'; '``."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return "; ".join(lines) or type(error).__name__
@@ -134,8 +136,22 @@ def _one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns its exit status (0, 1 for bad input, 2 for usage)."""
     args = build_parser().parse_args(argv)
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        # A warning is one line too (e.g. a tie config.json declares that cannot be named).
+        print(f"jaxshare {args.command}: warning: {_one_line(message)}", file=sys.stderr)
+
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return args.func(args)
     except CLIError as e:
         print(f"jaxshare {args.command}: {_one_line(e)}", file=sys.stderr)
         return 2

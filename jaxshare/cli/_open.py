@@ -2,7 +2,9 @@
 
 - an Orbax item, a ``CheckpointManager`` step holding one, (or a manager root, which
   is refused naming its steps): ``jaxshare.checkpoint.open_source``;
-- a ``.safetensors`` file: ``jaxshare.formats.SafetensorsFile`` (no torch needed);
+- a ``.safetensors`` file: ``jaxshare.formats.SafetensorsFile`` (no torch needed),
+  unless an index beside it lists it as one shard of several (refused, naming
+  the directory to open);
 - anything PyTorch (``.pt``/``.bin``/``.pth`` files, Hugging Face directories and
   index files, DeepSpeed folders): ``bridge.open_source``, imported only then.
 """
@@ -15,7 +17,13 @@ from types import ModuleType
 
 from jaxshare import TensorSource
 from jaxshare.cli._main import CLIError
-from jaxshare.formats import TORCH_SUFFIXES, WEIGHT_SUFFIXES, SafetensorsFile, is_item
+from jaxshare.formats import (
+    TORCH_SUFFIXES,
+    WEIGHT_SUFFIXES,
+    SafetensorsFile,
+    check_not_a_shard,
+    is_item,
+)
 
 __all__ = ["bridge", "flax_named", "is_checkpoint", "open_input"]
 
@@ -60,6 +68,7 @@ def open_input(path: str | os.PathLike) -> TensorSource:
 
         return checkpoint.open_source(path)
     if path.is_file() and path.suffix == ".safetensors":
+        check_not_a_shard(path)  # One shard of several is not the model.
         return SafetensorsFile(path)
     if path.is_file() and path.suffix not in (*TORCH_SUFFIXES, ".json"):
         raise CLIError(

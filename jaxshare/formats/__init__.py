@@ -1,5 +1,6 @@
 """File formats, with numpy only: safetensors headers, mapping and streaming; what a
-PyTorch file looks like; where a checkpoint item keeps what.
+PyTorch file looks like; where a checkpoint item keeps what; which files of a
+Hugging Face directory hold the weights (its index, shard names, shard sizes).
 
 The layer between jaxshare's core and its framework layers: ``jaxshare inspect``
 of a ``.safetensors`` file, the Orbax consolidation and the PyTorch bridge all
@@ -7,6 +8,23 @@ read and write safetensors through it, and none of it imports JAX, Orbax or
 torch.
 """
 
+from jaxshare.formats._hf import BIN_INDEX
+from jaxshare.formats._hf import BIN_WEIGHTS
+from jaxshare.formats._hf import CONFIG_FILE
+from jaxshare.formats._hf import DEFAULT_MAX_SHARD_SIZE
+from jaxshare.formats._hf import HF_DIRECTORY
+from jaxshare.formats._hf import INDEX_SUFFIX
+from jaxshare.formats._hf import SAFE_INDEX
+from jaxshare.formats._hf import SAFE_WEIGHTS
+from jaxshare.formats._hf import HFIndex
+from jaxshare.formats._hf import HFLayout
+from jaxshare.formats._hf import check_not_a_shard
+from jaxshare.formats._hf import hf_layout
+from jaxshare.formats._hf import is_hf_directory
+from jaxshare.formats._hf import parse_size
+from jaxshare.formats._hf import read_index
+from jaxshare.formats._hf import shard_name
+from jaxshare.formats._hf import shard_of
 from jaxshare.formats._layout import ALIAS_MAP_FILE
 from jaxshare.formats._layout import EMPTY_ARRAYS_KEY
 from jaxshare.formats._layout import ITEM
@@ -38,29 +56,46 @@ from jaxshare.formats._torchfile import looks_like_torch_file
 __all__ = [
     "ALIAS_MAP_FILE",
     "ALIAS_MAP_KEY",
+    "BIN_INDEX",
+    "BIN_WEIGHTS",
+    "CONFIG_FILE",
+    "DEFAULT_MAX_SHARD_SIZE",
     "EMPTY_ARRAYS_KEY",
+    "HF_DIRECTORY",
+    "INDEX_SUFFIX",
     "ITEM",
     "MAX_HEADER_BYTES",
     "NAMING_FILE",
     "NAMING_KEY",
     "ORBAX_METADATA_FILE",
     "SAFETENSORS",
+    "SAFE_INDEX",
+    "SAFE_WEIGHTS",
     "TORCH_SUFFIXES",
     "WEIGHT_SUFFIXES",
+    "HFIndex",
+    "HFLayout",
     "SafetensorsFile",
     "SafetensorsHeader",
     "TensorEntry",
     "TensorSpec",
     "alias_map_in",
+    "check_not_a_shard",
     "check_torch_file",
     "dtype_code",
     "find_item",
+    "hf_layout",
     "inspect_safetensors",
+    "is_hf_directory",
     "is_item",
     "is_safetensors_file",
     "looks_like_torch_file",
+    "parse_size",
     "read_header",
+    "read_index",
     "save_plan",
+    "shard_name",
+    "shard_of",
     "tie_metadata",
     "write_safetensors",
 ]

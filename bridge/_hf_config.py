@@ -1,0 +1,365 @@
+"""The ties a Hugging Face ``config.json`` declares, and the layer type of every module.
+
+``save_pretrained`` leaves a tied tensor out of the files (``lm_head.weight`` when
+it is ``transformer.wte.weight``): only the config says the tie exists. Where
+``transformers`` is installed, the model class of ``config.json`` is built on the
+meta device (no memory, no weights, no download, no remote code) and tells
+exactly: ``all_tied_weights_keys`` (transformers 5; ``_tied_weights_keys`` and the
+input/output embeddings before it), parameters one module reaches by several
+names, and the class of every module (so a GPT-2 ``Conv1D`` is known as one).
+
+Without ``transformers`` a table of the usual names stands in
+(:data:`WORD_EMBEDDING_HEADS`, :data:`INPUT_EMBEDDINGS`, :data:`ALWAYS_TIED`),
+applied only where ``tie_word_embeddings`` (absent: ``True``, the default every
+transformers version writes a difference from) or the model type says the word
+embeddings are tied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import warnings
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from bridge._names import Rules, layer_kind
+
+__all__ = [
+    "ALWAYS_TIED",
+    "INPUT_EMBEDDINGS",
+    "WORD_EMBEDDING_HEADS",
+    "ConfigTies",
+    "config_dict",
+    "config_ties",
+    "encoder_decoder_ties",
+    "tie_groups",
+]
+
+#: Model types whose word embeddings transformers ties whatever
+#: ``tie_word_embeddings`` says (their config classes set it to ``True``).
+ALWAYS_TIED: frozenset[str] = frozenset({"t5", "mt5", "umt5", "longt5", "pop2piano", "udop"})
+
+#: The output head(s) tied to the input embedding, by what else the files hold:
+#: ``(a tensor the family stores, {head tensor: tensor it is tied to})``; the first
+#: family whose marker the files hold wins, the last (marker ``None``) is the rest.
+#: ``"<embedding>"`` stands for the input embedding (:data:`INPUT_EMBEDDINGS`).
+WORD_EMBEDDING_HEADS: tuple[tuple[str | None, Mapping[str, str]], ...] = (
+    (  # BERT and its kin: the decoder's weight and bias.
+        "cls.predictions.bias",
+        MappingProxyType(
+            {
+                "cls.predictions.decoder.weight": "<embedding>",
+                "cls.predictions.decoder.bias": "cls.predictions.bias",
+            }
+        ),
+    ),
+    (  # RoBERTa and its kin.
+        "lm_head.bias",
+        MappingProxyType(
+            {"lm_head.decoder.weight": "<embedding>", "lm_head.decoder.bias": "lm_head.bias"}
+        ),
+    ),
+    (None, MappingProxyType({"lm_head.weight": "<embedding>"})),
+)
+
+#: Input word embeddings, best first: the tensor a head is tied to is the first
+#: (shortest name first) whose name matches. Encoder-decoder models (T5, BART) tie
+#: ``[prefix.]encoder.embed_tokens.weight`` and ``[prefix.]decoder.embed_tokens.weight``
+#: to ``[prefix.]shared.weight`` too.
+INPUT_EMBEDDINGS: tuple[str, ...] = (
+    r"(.+\.)?shared\.weight",
+    r"(.+\.)?(embeddings\.)?word_embeddings\.weight",
+    r"(.+\.)?wte\.weight",
+    r"(.+\.)?embed_tokens\.weight",
+    r"(.+\.)?embed_in\.weight",
+    r"(.+\.)?tok_embeddings\.weight",
+)
+
+#: Architectures (``config.json`` ``architectures``) that have an output head.
+_HEADED = re.compile(
+    r"(LMHead|ForCausalLM|ForConditionalGeneration|ForMaskedLM|ForPreTraining|WithLMHead)"
+)
+
+
+@dataclass(frozen=True)
+class ConfigTies:
+    """What a config says of a model's tensors.
+
+    Attributes:
+      ties: ``{alias: canonical}`` in PyTorch names, as transformers ties them
+        (the alias is the name ``save_pretrained`` leaves out).
+      layers: ``{module prefix: layer kind}`` of the model class, ``None``
+        without ``transformers``.
+      names: every tensor name of the model class in ``state_dict()`` order,
+        with its shape; ``None`` without ``transformers``.
+      exact: whether the model class told (``False``: the table guessed).
+      unnamed: ties the config declares that could not be named, one line each.
+      model: the model class built on the meta device (no memory), to name Flax
+        leaves after (``like=``); ``None`` without ``transformers``.
+    """
+
+    ties: Mapping[str, str]
+    layers: Mapping[str, str | None] | None = None
+    names: Mapping[str, tuple[int, ...]] | None = None
+    exact: bool = False
+    unnamed: tuple[str, ...] = ()
+    model: Any = field(default=None, repr=False, compare=False)
+
+
+def config_dict(config: Any) -> dict:
+    """``config`` as the dict ``config.json`` holds: a path (of the file or its
+    directory), a dict, or a ``transformers`` ``PretrainedConfig``.
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file is not a JSON object.
+      TypeError: anything else.
+    """
+    if isinstance(config, Mapping):
+        return json.loads(json.dumps(dict(config)))  # A deep copy, and JSON-able.
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such config file.") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a JSON config ({e}).") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config is a JSON object, got a {type(data).__name__}.")
+        return data
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict) and hasattr(config, "model_type"):
+        return json.loads(config.to_json_string(use_diff=False))
+    raise TypeError(
+        "`config` must be a path to config.json, a dict or a transformers PretrainedConfig, "
+        f"got {type(config).__name__}."
+    )
+
+
+def has_transformers() -> bool:
+    """Whether ``transformers`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("transformers") is not None
+    except (ImportError, ValueError):  # A module set to None in sys.modules: blocked.
+        return False
+
+
+def config_ties(
+    config: Mapping[str, Any],
+    stored: Collection[str],
+    rules: Rules,
+    *,
+    use_transformers: bool | None = None,
+) -> ConfigTies:
+    """The ties (and layer types) ``config`` declares for a model whose files
+    hold the tensors ``stored``.
+
+    With ``use_transformers`` (default: when it is installed) the model class is
+    built on the meta device; if that fails (an architecture this transformers
+    does not know, a config it rejects) the table decides.
+    """
+    if use_transformers is None:
+        use_transformers = has_transformers()
+    if use_transformers:
+        found = _meta_model_ties(config, rules)
+        if found is not None:
+            return found
+    return _table_ties(config, stored)
+
+
+def _word_embeddings_tied(config: Mapping[str, Any]) -> bool:
+    if config.get("model_type") in ALWAYS_TIED:
+        return True
+    for part in (config, config.get("text_config") or {}):
+        if isinstance(part, Mapping) and "tie_word_embeddings" in part:
+            return bool(part["tie_word_embeddings"])
+    return True
+
+
+def _table_ties(config: Mapping[str, Any], stored: Collection[str]) -> ConfigTies:
+    """The ties the table names (see the module docstring)."""
+    unnamed: list[str] = []
+    if config.get("tie_encoder_decoder"):
+        unnamed.append(
+            "config.json sets tie_encoder_decoder, whose ties only the model class names; "
+            "install transformers (`pip install 'jaxshare[hf]'`) to recover them"
+        )
+    if not _word_embeddings_tied(config):
+        return ConfigTies({}, unnamed=tuple(unnamed))
+    names = sorted(stored, key=lambda n: (n.count("."), len(n), n))
+    ties: dict[str, str] = {}
+    # Encoder-decoder models: every stack's embed_tokens is the shared embedding.
+    for name in names:
+        m = re.fullmatch(r"(.+\.)?shared\.weight", name)
+        if m is None:
+            continue
+        prefix = m.group(1) or ""
+        for stack in ("encoder", "decoder"):
+            alias = f"{prefix}{stack}.embed_tokens.weight"
+            holds_stack = any(n.startswith(f"{prefix}{stack}.") for n in stored)
+            if alias not in stored and holds_stack:
+                ties[alias] = name
+    embedding = next(
+        (n for pattern in INPUT_EMBEDDINGS for n in names if re.fullmatch(pattern, n)), None
+    )
+    architectures = config.get("architectures") or []
+    headed = any(isinstance(a, str) and _HEADED.search(a) for a in architectures)
+    if headed:
+        heads = next(h for marker, h in WORD_EMBEDDING_HEADS if marker is None or marker in stored)
+        for alias, canonical in heads.items():
+            if alias in stored:
+                continue
+            if canonical == "<embedding>":
+                if embedding is None:
+                    unnamed.append(
+                        f"config.json ties the word embeddings, but no stored tensor is an "
+                        f"input embedding jaxshare knows to tie {alias!r} to; install "
+                        "transformers (`pip install 'jaxshare[hf]'`) to name the ties exactly"
+                    )
+                    continue
+                canonical = embedding
+            if canonical in stored:
+                ties[alias] = canonical
+    return ConfigTies(ties, unnamed=tuple(unnamed))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' warnings and log lines off, for a model that is never run."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | None:
+    """The ties and layers of the model class of ``config``, built on the meta
+    device; ``None`` when transformers cannot build it."""
+    import torch
+
+    try:
+        import transformers  # (Configures its logger: quieted only after the import.)
+    except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
+        return None
+    with _quiet():
+        try:
+            model_type = config.get("model_type")
+            if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
+                return None
+            hf_config = transformers.CONFIG_MAPPING[model_type].from_dict(dict(config))
+            architectures = config.get("architectures") or []
+            cls = None
+            if architectures and isinstance(architectures[0], str):
+                cls = getattr(transformers, architectures[0], None)
+            with torch.device("meta"):
+                if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+                    model = cls._from_config(hf_config)  # type: ignore[attr-defined]
+                else:
+                    model = transformers.AutoModel.from_config(hf_config)
+        except Exception:  # noqa: BLE001 -- any failure: the table decides instead.
+            return None
+    ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
+        ties = _v4_ties(model)
+    names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
+    # A parameter reached by several names (a module registered twice) is a tie too.
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(param), name)
+        if canonical != name and name not in ties:
+            ties[name] = canonical
+    layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
+    return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
+
+
+def encoder_decoder_ties(
+    names: Mapping[str, tuple[int, ...]], stored: Mapping[str, Any]
+) -> dict[str, str]:
+    """The ties of ``tie_encoder_decoder`` (transformers 4 tied each decoder weight
+    to the encoder's of the same module path; transformers 5 no longer does), for
+    the decoder names of the model (``names``: name -> shape) that the files do
+    not store: ``[p.]decoder[.base].X`` -> ``[p.]encoder.X`` where that is stored
+    with the same shape.
+
+    >>> encoder_decoder_ties({"decoder.bert.l.weight": (2,), "encoder.l.weight": (2,)},
+    ...                      {"encoder.l.weight": None})
+    {'decoder.bert.l.weight': 'encoder.l.weight'}
+    """
+    ties: dict[str, str] = {}
+    for name, shape in names.items():
+        parts = name.split(".")
+        if name in stored or "decoder" not in parts:
+            continue
+        i = parts.index("decoder")
+        head, rest = parts[:i], parts[i + 1 :]
+        for tail in (rest, rest[1:]):  # EncoderDecoderModel: decoder.<base prefix>.X
+            candidate = ".".join([*head, "encoder", *tail])
+            if candidate in stored and names.get(candidate) == shape:
+                ties[name] = candidate
+                break
+    return ties
+
+
+def _v4_ties(model: Any) -> dict[str, str]:
+    """transformers 4: the output embedding tied to the input embedding."""
+    ties: dict[str, str] = {}
+    if not getattr(model.config, "tie_word_embeddings", True):
+        return ties
+    try:
+        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return ties
+    if inp is None or out is None:
+        return ties
+    names = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
+    if id(inp) in names and id(out) in names:
+        ties[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
+    return ties
+
+
+def tie_groups(ties: Mapping[str, str]) -> list[list[str]]:
+    """The tie groups of ``{alias: canonical}`` (chains joined), each in order of
+    first mention, a canonical before its aliases.
+
+    >>> tie_groups({"b": "a", "c": "b", "y": "x"})
+    [['a', 'b', 'c'], ['x', 'y']]
+    """
+    parent: dict[str, str] = {}
+
+    def find(n: str) -> str:
+        parent.setdefault(n, n)
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    order: list[str] = []
+    for alias, canonical in ties.items():
+        for m in (canonical, alias):
+            if m not in parent:
+                order.append(m)
+        parent.setdefault(canonical, canonical)
+        parent.setdefault(alias, alias)
+        ra, rc = find(alias), find(canonical)
+        if ra != rc:
+            parent[ra] = rc
+    groups: dict[str, list[str]] = {}
+    for m in order:
+        groups.setdefault(find(m), []).append(m)
+    return list(groups.values())
