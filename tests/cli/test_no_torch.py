@@ -1,0 +1,61 @@
+"""``jaxshare --help`` and ``inspect`` of safetensors files and Orbax items run with torch
+absent (``sys.modules["torch"] = None`` makes any import of it fail), and never import it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from jaxshare import checkpoint
+
+RUN = (
+    "import sys; sys.modules['torch'] = None\n"
+    "from jaxshare.cli import main\n"
+    "status = main(sys.argv[1:])\n"
+    "assert sys.modules['torch'] is None, 'torch was replaced'\n"
+    "print('bridge imported:', 'bridge' in sys.modules)\n"
+    "sys.exit(status)\n"
+)
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", RUN, *argv], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_help_needs_neither_torch_nor_jax():
+    helped = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['torch'] = None\n"
+            "from jaxshare.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('jax imported:', 'jax' in sys.modules); sys.exit(code)\n",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "inspect" in helped.stdout and "convert" in helped.stdout
+    assert "jax imported: False" in helped.stdout
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "orbax"])
+def test_inspect_runs_without_torch(tmp_path, kind):
+    emb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    if kind == "safetensors":
+        path = tmp_path / "model.safetensors"
+        save_file({"wte.weight": emb, "h.0.bias": np.ones(4, np.float32)}, path)
+    else:
+        path = tmp_path / "item"
+        checkpoint.save(path, {"wte": emb, "head": emb})
+    done = _run("inspect", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "bridge imported: False" in done.stdout
+    assert "2 arrays" in done.stdout or "3 arrays" in done.stdout
