@@ -233,22 +233,28 @@ def _flax_arrays(
         return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
 
     # Tensors JAX can take as they are (CPU, contiguous, Flax layout: e.g. a live
-    # module's) become arrays over their memory in one call; the rest are copied
-    # (transposed, read from a file, sharded), a few at a time.
-    direct, tensors = [], []
+    # module's) become arrays over their memory in one call. Tensors in memory to
+    # transpose are handed to XLA one after another (each call only queues the
+    # transpose, which XLA runs on its own threads), first, so they run while the
+    # rest is done; what is read from a file is copied a few at a time.
+    direct, tensors, queued = [], [], []
     for key in plan.stored:
         if shardings.get(plan.slots[key].path) is None:
             value = source.read(key)
             if shares_memory_as_array(value, plan.slots[key].perm):
                 direct.append(key)
                 tensors.append(value)
-    arrays = dict(zip(direct, arrays_sharing_memory(tensors, direct), strict=True))
+            elif isinstance(value, torch.Tensor):
+                queued.append(key)
+    done = {*direct, *queued}
+    copied = [key for key in plan.stored if key not in done]
+    arrays = {key: convert(key) for key in queued}
+    arrays.update(zip(direct, arrays_sharing_memory(tensors, direct), strict=True))
     del tensors
-    copied = [key for key in plan.stored if key not in arrays]
     arrays.update(zip(copied, parallel_map(convert, copied), strict=True))
     # Transposes run on XLA's threads and read the tensors they were given: done
     # before returning, so changing a tensor afterwards cannot reach the result.
-    jax.block_until_ready([arrays[key] for key in copied])
+    jax.block_until_ready([arrays[key] for key in [*queued, *copied]])
     out: dict[str, Any] = {}
     for i, key in enumerate(plan.stored):
         out[plan.slots[key].path] = array = arrays[key]
