@@ -125,11 +125,15 @@ class Plan:
         The next array is read (cast, transposed) in a background thread while
         the caller handles the current one, so reading overlaps writing; at most
         :meth:`budget` bytes are held at once (see :class:`ReadAhead`): about
-        two of the largest tensor, never the model.
+        two of the largest tensor, never the model. An array counts as held until
+        the next one is asked for: a caller that drops it then (``del``) keeps
+        memory within the budget.
         """
         jobs = [(self.cost(source, e), partial(self.array, source, e)) for e in self.entries]
         with ReadAhead(jobs, self.budget(source)) as ahead:
-            for done, (entry, array) in enumerate(zip(self.entries, ahead, strict=True), 1):
+            arrays = iter(ahead)  # No zip: it would keep the last array until the next.
+            for done, entry in enumerate(self.entries, 1):
+                array = next(arrays)
                 yield entry, array
                 del array
                 if progress is not None:
@@ -229,12 +233,15 @@ class ReadAhead(Generic[T]):
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Stops the thread once its current job ends; values not taken are dropped."""
+        """Stops the thread and waits for its current job to end (so the source is
+        no longer read once this returns); values not taken are dropped."""
         with self._cond:
             self._closed = True
             self._done.clear()
             self._held.clear()
             self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
     def __enter__(self) -> ReadAhead[T]:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxshare._alias import AliasMap
-from jaxshare._output import atomic_output
+from jaxshare._output import atomic_output, remove_path
 from jaxshare._plan import Plan
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
@@ -74,8 +75,14 @@ def save(
     with atomic_output(
         path, ITEM, force=force, inputs=inputs, token=_shared_token(), commit=primary
     ) as tmp:
-        with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
-            checkpointer.save(tmp, args=SharedSave(item))
+        try:
+            with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
+                checkpointer.save(tmp, args=SharedSave(item))
+        except BaseException:
+            if primary:  # Orbax leaves its own temporary directory when a save fails.
+                for stray in tmp.parent.glob(f"{glob.escape(tmp.name)}.orbax-checkpoint-tmp*"):
+                    remove_path(stray)
+            raise
     if processes > 1:  # Every process returns once the item is in place.
         multihost_utils.sync_global_devices(f"jaxshare.checkpoint.save:{path}")
 

@@ -166,8 +166,9 @@ class StreamedItem:
                         task.result()  # An error stops the save.
                 await asyncio.gather(*pending)
             except BaseException:
-                for task in pending:
-                    task.cancel()
+                # The writes under way end (TensorStore would finish them anyway)
+                # before the error is raised: none lands after the cleanup.
+                await asyncio.gather(*pending, return_exceptions=True)
                 raise
         if handler.typestr() == "jax.Array" and ocp.multihost.is_primary_host(0):
             _write_shardings(infos)

@@ -544,3 +544,4 @@ def write_plan(
     with write_safetensors(path, specs, metadata, force=force, inputs=inputs) as write:
         for _, array in plan.arrays(source, progress):
             write((array,))
+            del array  # Before the next is read.
