@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
@@ -41,6 +42,8 @@ from jaxshare.checkpoint._empty import EmptyArray
 
 __all__ = ["StreamedItem"]
 
+#: Bytes of one array written (and committed) at a time.
+WRITE_BLOCK_BYTES = 64 * 2**20
 # Orbax's file of ``jax.Array`` shardings: ``{base64url(param name): sharding JSON}``.
 _SHARDING_FILE = "_sharding"
 
@@ -193,8 +196,9 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
     """Orbax's numpy handler, writing each placeholder's array when its turn comes.
 
     Recorded as ``typestr`` (``"jax.Array"`` or ``"np.ndarray"``); the arrays
-    are written with Orbax's own TensorStore specs, so a restore reads them as
-    it reads those it saved itself.
+    are written with Orbax's own TensorStore specs (chunks, compression, OCDBT
+    files), so a restore reads them as it reads those it saved itself. Only the
+    primary process writes (see :meth:`StreamedItem.write`).
     """
 
     def __init__(self, item: StreamedItem, typestr: str) -> None:
@@ -221,5 +225,30 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
     async def write_array(
         self, array: np.ndarray, info: ocp.type_handlers.ParamInfo, arg: ocp.SaveArgs
     ) -> None:
-        """Writes one array where and as Orbax writes a numpy array."""
-        await self._background_serialize([array], [info], [arg])
+        """Writes one array where and as Orbax writes a numpy array, in blocks of
+        whole storage chunks of about :data:`WRITE_BLOCK_BYTES`, each committed
+        before the next: TensorStore buffers a write's encoded chunks until it
+        commits, so a large array written at once would hold about its size again."""
+        await info.await_path_creation()
+        use_ocdbt = bool(info.is_ocdbt_checkpoint)
+        spec = ocp.type_handlers.get_json_tspec_write(
+            info,
+            use_ocdbt=use_ocdbt,
+            global_shape=array.shape,
+            local_shape=array.shape,
+            dtype=array.dtype,
+            process_index=jax.process_index() if use_ocdbt else None,
+            arg=arg,
+        )
+        store = await ts.open(ts.Spec(spec), create=True, open=True, context=info.ts_context)
+        if array.ndim == 0:
+            await store.write(array, can_reference_source_data_indefinitely=True)
+            return
+        chunk_rows = store.chunk_layout.write_chunk.shape[0] or array.shape[0]
+        chunk_bytes = chunk_rows * (array.nbytes // array.shape[0])
+        rows = chunk_rows * max(1, WRITE_BLOCK_BYTES // max(1, chunk_bytes))
+        for start in range(0, array.shape[0], rows):
+            stop = min(start + rows, array.shape[0])
+            await store[start:stop].write(
+                array[start:stop], can_reference_source_data_indefinitely=True
+            )
