@@ -192,6 +192,38 @@ def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path) -> N
     assert _flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
 
 
+def test_large_arrays_are_written_in_blocks_of_whole_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxshare.checkpoint import _handler, _stream
+
+    monkeypatch.setattr(_handler, "CHUNK_BYTES", 4 * 2**10)  # 4 rows of 256 float32.
+    monkeypatch.setattr(_stream, "WRITE_BLOCK_BYTES", 10 * 2**10)  # Two chunks a block.
+    writes: list[tuple[int, int]] = []
+    real_write = _stream.ts.TensorStore.write
+
+    def spy(store: Any, source: Any, **kwargs: Any) -> Any:
+        if store.rank == 2:  # The array's writes (Orbax writes others too).
+            writes.append((store.domain[0].inclusive_min, store.domain[0].exclusive_max))
+        return real_write(store, source, **kwargs)
+
+    monkeypatch.setattr(_stream.ts.TensorStore, "write", spy)
+    source = CountingSource({"params/w": (37, 256)})
+    plan = Plan.identity(source)
+    jc.write_item(tmp_path / "streamed", plan, source)
+    jc.save(tmp_path / "saved", {"params": {"w": jnp.zeros((37, 256))}})
+    chunks = [
+        ocp.StandardCheckpointHandler().metadata(tmp_path / d).tree["params"]["w"].storage
+        for d in ("streamed", "saved")
+    ]
+    assert chunks[0].chunk_shape == chunks[1].chunk_shape  # Chunked as `save` chunks it.
+    rows = chunks[0].chunk_shape[0]
+    assert 1 < rows and 2 * rows * 1024 <= 10 * 2**10 < 3 * rows * 1024
+    # Blocks of two whole chunks, in order, each written after the one before.
+    assert writes == [(start, min(start + 2 * rows, 37)) for start in range(0, 37, 2 * rows)]
+    assert np.array_equal(jc.restore(tmp_path / "streamed")["params"]["w"], np.zeros((37, 256)))
+
+
 def test_write_item_reports_each_array_once(torch_file: Path, tmp_path: Path) -> None:
     seen: list[tuple[int, int, str]] = []
     with SafetensorsFile(torch_file) as source:
