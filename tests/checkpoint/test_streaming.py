@@ -197,8 +197,8 @@ def test_large_arrays_are_written_in_blocks_of_whole_chunks(
 ) -> None:
     from jaxshare.checkpoint import _handler, _stream
 
-    monkeypatch.setattr(_handler, "CHUNK_BYTES", 4 * 2**10)  # 4 rows of 256 float32.
-    monkeypatch.setattr(_stream, "WRITE_BLOCK_BYTES", 10 * 2**10)  # Two chunks a block.
+    monkeypatch.setattr(_handler, "CHUNK_BYTES", 4 * 2**10)  # Rows of 256 float32: 1 KiB.
+    monkeypatch.setattr(_stream, "WRITE_BLOCK_BYTES", 10 * 2**10)
     writes: list[tuple[int, int]] = []
     real_write = _stream.ts.TensorStore.write
 
@@ -217,10 +217,10 @@ def test_large_arrays_are_written_in_blocks_of_whole_chunks(
         for d in ("streamed", "saved")
     ]
     assert chunks[0].chunk_shape == chunks[1].chunk_shape  # Chunked as `save` chunks it.
-    rows = chunks[0].chunk_shape[0]
-    assert 1 < rows and 2 * rows * 1024 <= 10 * 2**10 < 3 * rows * 1024
-    # Blocks of two whole chunks, in order, each written after the one before.
-    assert writes == [(start, min(start + 2 * rows, 37)) for start in range(0, 37, 2 * rows)]
+    rows = chunks[0].chunk_shape[0] * (10 * 2**10 // (chunks[0].chunk_shape[0] * 1024))
+    # Blocks of whole chunks, under 10 KiB, in order, each written after the one before.
+    assert writes == [(start, min(start + rows, 37)) for start in range(0, 37, rows)]
+    assert len(writes) > 1
     assert np.array_equal(jc.restore(tmp_path / "streamed")["params"]["w"], np.zeros((37, 256)))
 
 
