@@ -22,11 +22,13 @@ $(STAMP): pyproject.toml constraints/common.txt constraints/test.txt
 demo: $(STAMP)
 	$(BIN)/jaxshare demo
 
-# Lint, layering contract, then the whole suite (doctests, docs and README included).
+# Lint, layering contract, types, then the whole suite (doctests, docs and README included).
+# mypy checks jaxshare/ and bridge/ ([tool.mypy] in pyproject.toml); its cache is .mypy_cache/.
 lint: $(STAMP)
 	$(BIN)/ruff check jaxshare bridge tests examples benchmarks conftest.py
 	$(BIN)/ruff format --check --quiet jaxshare bridge tests examples benchmarks conftest.py
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest -q -n 2
@@ -51,4 +53,4 @@ fixtures: $(BENCH_VENV)/.installed-stamp
 		$(BENCH_VENV)/bin/python tests/data/deepspeed/make_fixtures.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache

@@ -198,7 +198,7 @@ def _permutation_of(base: torch.Tensor, t: torch.Tensor) -> Perm | None:
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:
     size = t.element_size()
-    start = t.storage_offset() * size
+    start = int(t.storage_offset()) * size
     span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0) + 1
     return start, start + span * size
 

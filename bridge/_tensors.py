@@ -32,7 +32,9 @@ __all__ = [
     "tensor_of",
     "numpy_view",
     "parallel_map",
+    "arrays_sharing_memory",
     "permuted_copy",
+    "shares_memory_as_array",
     "to_array",
     "to_tensor",
 ]
@@ -124,15 +126,45 @@ def to_array(
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous() if perm is None else permuted_copy(t, perm)
     import jax  # Here: reading PyTorch files into numpy needs no JAX.
 
+    if perm is not None and sharding is None and t.dtype not in _WIDE:
+        # XLA transposes: the tensor is taken as it is (a host buffer JAX shares)
+        # and one transposed copy made, on XLA's threads, blocked for the caches.
+        shared = jax.device_put(numpy_view(t.contiguous(), key))
+        return jax.numpy.transpose(shared, perm)
+    t = t.contiguous() if perm is None else permuted_copy(t, perm)
     if t.dtype in _WIDE and not jax.config.read("jax_enable_x64"):
         return numpy_view(t, key)
     if sharding is not None:
         return jax.device_put(numpy_view(t, key), sharding)
     numpy_dtype(t.dtype, key)  # Refuse what JAX would silently convert.
     return jax.dlpack.from_dlpack(t)
+
+
+def shares_memory_as_array(tensor: Any, perm: Perm | None) -> bool:
+    """Whether :func:`to_array` of ``tensor`` needs no copy: a contiguous, dense
+    CPU tensor of a dtype JAX holds, in Flax layout already."""
+    return (
+        perm is None
+        and isinstance(tensor, torch.Tensor)
+        and tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and tensor.is_contiguous()
+        and tensor.dtype not in _WIDE
+        and tensor.dtype in _TO_NUMPY
+    )
+
+
+def arrays_sharing_memory(tensors: Sequence[torch.Tensor], keys: Sequence[str]) -> list[Any]:
+    """``[to_array(t) for t in tensors]`` for tensors that :func:`shares_memory_as_array`,
+    in one ``jax.device_put`` call: each array shares its tensor's memory (JAX
+    takes an aligned host buffer as is), and one call costs far less than one
+    per tensor."""
+    import jax
+
+    views = [numpy_view(t.detach(), key) for t, key in zip(tensors, keys, strict=True)]
+    return list(jax.device_put(views)) if views else []
 
 
 def to_tensor(array: Any, perm: Perm | None = None, *, key: str = "?") -> torch.Tensor:

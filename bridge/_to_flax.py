@@ -24,7 +24,12 @@ from bridge._names import Rule, Rules, TorchLeaf, as_rules, guess_kind, module_v
 from bridge._shared import torch_aliases
 from bridge._sources import open_source
 from bridge._target import TargetTree, target_tree
-from bridge._tensors import parallel_map, to_array
+from bridge._tensors import (
+    arrays_sharing_memory,
+    parallel_map,
+    shares_memory_as_array,
+    to_array,
+)
 from jaxshare import AliasMap, NamingRecord, ProgressFn, TensorSource
 from jaxshare.internal import Index, Perm, compose, inverse, permute_shape
 
@@ -227,10 +232,26 @@ def _flax_arrays(
             return _sharded_array(source, key, slot.perm, sharding)
         return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
 
+    # Tensors JAX can take as they are (CPU, contiguous, Flax layout: e.g. a live
+    # module's) become arrays over their memory in one call; the rest are copied
+    # (transposed, read from a file, sharded), a few at a time.
+    direct, tensors = [], []
+    for key in plan.stored:
+        if shardings.get(plan.slots[key].path) is None:
+            value = source.read(key)
+            if shares_memory_as_array(value, plan.slots[key].perm):
+                direct.append(key)
+                tensors.append(value)
+    arrays = dict(zip(direct, arrays_sharing_memory(tensors, direct), strict=True))
+    del tensors
+    copied = [key for key in plan.stored if key not in arrays]
+    arrays.update(zip(copied, parallel_map(convert, copied), strict=True))
+    # Transposes run on XLA's threads and read the tensors they were given: done
+    # before returning, so changing a tensor afterwards cannot reach the result.
+    jax.block_until_ready([arrays[key] for key in copied])
     out: dict[str, Any] = {}
-    arrays = parallel_map(convert, plan.stored)
-    for i, (key, array) in enumerate(zip(plan.stored, arrays, strict=True)):
-        out[plan.slots[key].path] = array
+    for i, key in enumerate(plan.stored):
+        out[plan.slots[key].path] = array = arrays[key]
         if progress is not None:
             progress(i + 1, len(plan.stored), key, int(array.nbytes))
     return out
@@ -260,7 +281,8 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
             blocks[bounds] = data if perm is None else np.ascontiguousarray(data.transpose(perm))
         return blocks[bounds]
 
-    return jax.make_array_from_callback(shape, sharding, block)
+    # (jax annotates the callback as taking `Index | None`, but never passes None.)
+    return jax.make_array_from_callback(shape, sharding, block)  # type: ignore[arg-type]
 
 
 def _with_aliases(

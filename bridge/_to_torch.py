@@ -22,7 +22,7 @@ from bridge._shared import torch_aliases
 from bridge._sources import open_source
 from bridge._tensors import parallel_map, to_tensor
 from bridge._to_flax import RulesArg, Source, torch_leaves
-from jaxshare import AliasMap, ArrayInfo, ProgressFn, Tied, dedupe, find_shared
+from jaxshare import AliasMap, ArrayInfo, NamingRecord, ProgressFn, Tied, dedupe, find_shared
 from jaxshare.internal import (
     Perm,
     as_alias_map,
@@ -181,7 +181,7 @@ def _plan_torch(
     names: dict[str, tuple[str, Perm | None]] = {}
     like_keys = None
     if like is None:
-        record = amap.naming or {}
+        record = amap.naming or NamingRecord()
         for path in order:
             leaf = leaves[path]
             ndim = len(leaf.value.shape)
@@ -278,7 +278,9 @@ def _torch_tensors(plan: _TorchPlan, progress: ProgressFn | None = None) -> dict
         if tensor is None:
             base = made.get(source(stored_path)) if stored_path in plan.names else None
             if base is not None:  # A view of the canonical's tensor: one memory.
-                tensor = base.permute(compose(total, inverse(source(stored_path)[1])))
+                perm = compose(total, inverse(source(stored_path)[1]))
+                assert perm is not None  # (else `made` held it)
+                tensor = base.permute(perm)
             else:
                 tensor = to_tensor(plan.leaves[stored_path].value, total, key=key)
             made[stored_path, total] = tensor

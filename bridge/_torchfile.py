@@ -139,40 +139,6 @@ def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
     return state
 
 
-def _state_dict_in(path: Path, obj: Any) -> dict[str, torch.Tensor]:
-    recorded: Mapping[str, str] = {}
-    if isinstance(obj, Mapping) and isinstance(obj.get("module"), Mapping):  # DeepSpeed
-        recorded = obj.get("shared_params") or {}
-        obj = obj["module"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        what = (
-            f"a dict with keys {list(obj)[:8]}" if isinstance(obj, Mapping) else type(obj).__name__
-        )
-        raise ValueError(
-            f"{path}: expected a state dict (names -> tensors) or a DeepSpeed checkpoint "
-            f"with a 'module' state dict, found {what}; extract the state dict and pass it."
-        )
-    state = dict(obj)
-    for alias, canonical in shared_params(state).items():
-        state[alias] = state[canonical]
-    for alias, canonical in recorded.items():
-        if alias in state:
-            continue  # What the file stores is the truth; DeepSpeed's walk can be wrong.
-        if canonical not in state or state[canonical].numel() == 0:
-            raise ValueError(
-                f"{path}: DeepSpeed's shared_params ties {alias!r} to {canonical!r}, "
-                + (
-                    "which the file does not hold."
-                    if canonical not in state
-                    else "a zero-size tensor; DeepSpeed keys by data_ptr(), 0 for every zero-size "
-                    "tensor, so this tie is not real and the shape of "
-                    f"{alias!r} is unknown."
-                )
-            )
-        state[alias] = state[canonical]
-    return state
-
-
 def save_torch(
     plan: Plan,
     source: TensorSource,

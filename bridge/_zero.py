@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -336,6 +336,7 @@ class DeepSpeedCheckpoint(TensorSource):
                     f"{where}: frozen parameter {name!r} has no fragment in every rank's "
                     "`frozen_param_fragments`."
                 )
+            frags = cast(list[torch.Tensor], frags)  # (checked above)
             if self.stage == 3:
                 if any(t.ndim != 1 or t.dtype != frags[0].dtype for t in frags):
                     raise ValueError(
@@ -425,7 +426,9 @@ class DeepSpeedCheckpoint(TensorSource):
         aliases = {
             a: c for a, c in self._shared.items() if c in self._sources and a not in self._sources
         }
-        self.origins = dict.fromkeys(aliases, "storage" if self.stage == 0 else "shared_params")
+        self.origins: dict[str, str] = dict.fromkeys(
+            aliases, "storage" if self.stage == 0 else "shared_params"
+        )
         if self.stage in (1, 2):
             self._recover(aliases)
         try:

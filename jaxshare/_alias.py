@@ -16,7 +16,7 @@ from typing import Any
 from jaxshare._naming import NamingRecord
 from jaxshare._perm import Perm, as_perm, compose
 
-__all__ = ["AliasMap", "FORMAT", "MAX_JSON_BYTES", "VERSION", "as_alias_map"]
+__all__ = ["check_path", "AliasMap", "FORMAT", "MAX_JSON_BYTES", "VERSION", "as_alias_map"]
 
 FORMAT = "jaxshare.alias_map"
 VERSION = 1
@@ -24,7 +24,7 @@ VERSION = 1
 MAX_JSON_BYTES = 16 * 2**20
 
 
-def _check_path(value: Any, what: str) -> str:
+def check_path(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str path, got {type(value).__name__}: {value!r}")
     if not value or value.startswith("/") or value.endswith("/") or "//" in value:
@@ -85,8 +85,8 @@ class AliasMap(Mapping[str, str]):
         items = aliases.items() if isinstance(aliases, Mapping) else aliases
         for item in items:
             alias, canonical = item
-            alias = _check_path(alias, "alias")
-            raw[alias] = _check_path(canonical, f"canonical of alias {alias!r}")
+            alias = check_path(alias, "alias")
+            raw[alias] = check_path(canonical, f"canonical of alias {alias!r}")
             if alias == canonical:
                 raise ValueError(f"alias {alias!r} names itself as its canonical path.")
         perms: dict[str, Perm | None] = {}
@@ -116,6 +116,18 @@ class AliasMap(Mapping[str, str]):
         self._transforms = resolved_perms
         self._naming = naming or None
         self._hash: int | None = None
+
+    @classmethod
+    def _resolved(cls, aliases: dict[str, str]) -> AliasMap:
+        """A map from ``aliases`` already checked and resolved (valid paths, no
+        self-alias, no canonical that is an alias), without transforms: what
+        :func:`jaxshare.find_shared` builds, skipping the checks it made."""
+        self = cls.__new__(cls)
+        self._aliases = {a: aliases[a] for a in sorted(aliases)}
+        self._transforms = {}
+        self._naming = None
+        self._hash = None
+        return self
 
     # -- Mapping --------------------------------------------------------------
     def __getitem__(self, alias: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -225,7 +225,7 @@ def _new_mapping(like: Mapping, items: list[tuple[Any, Any]], where: Path) -> Ma
     if isinstance(like, defaultdict):
         return defaultdict(like.default_factory, items)
     try:
-        return type(like)(dict(items))
+        return cast(Any, type(like))(dict(items))  # A Mapping subclass: its own signature.
     except Exception as e:  # Only the mapping's own constructor knows what it accepts.
         raise TypeError(
             f"cannot rebuild the {type(like).__name__} at {render(where)!r} from a dict "

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 
 from jaxshare import _nnx
-from jaxshare._alias import AliasMap
+from jaxshare._alias import AliasMap, check_path
 from jaxshare._leafkey import By, _identity_key, is_array, key_function
-from jaxshare._paths import Path, keypath_to_path, render
+from jaxshare._paths import SEP, keypath_to_path, render
 
 __all__ = ["find_shared", "Prefer"]
 
@@ -67,59 +68,177 @@ def find_shared(
     AliasMap({'lm_head/embedding': 'wte/embedding'})
     """
     keyfn = key_function(by)  # validates `by` first
+    path_of: Callable[[int], str]
     if is_leaf is None and _nnx.is_nnx_root(tree):
         entries = _nnx.walk(tree)
         leaves = [leaf for _, leaf in entries]
-
-        def paths_at(idx: list[int]) -> dict[int, Path]:
-            return {i: entries[i][0] for i in idx}
-
         keyfn = _nnx.leaf_key(keyfn, by)
+
+        def path_of(i: int) -> str:
+            return render(entries[i][0])
     else:
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
+        leaves, paths = _flatten_with_rendered_paths(tree, is_leaf)
+        path_of = paths.__getitem__
+        if any(_BAD in p for p in paths):
 
-        def paths_at(idx: list[int]) -> dict[int, Path]:
-            return _paths_at(tree, treedef, idx, is_leaf)
+            def path_of(i: int) -> str:
+                if _BAD in paths[i]:  # A key that cannot be rendered: jax's path says which.
+                    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+                    return check_path(render(keypath_to_path(flat[i][0])), "tied path")
+                return paths[i]
 
-    if keyfn is _identity_key:
-        groups = _group_by_identity(leaves)
-    else:
-        groups = _group(leaves, keyfn, lambda i: render(paths_at([i])[i]))
-
-    paths = paths_at([i for group in groups for i in group])
     rank = _ranker(prefer)
-    aliases: dict[str, str] = {}
-    for group in groups:
-        rendered = [render(paths[i]) for i in group]
-        if len(set(rendered)) != len(rendered):
-            raise ValueError(
-                f"paths {rendered} of one tied array render to the same string; give "
-                "the keys distinct names (e.g. not both 1 and '1')."
+    aliases: dict[str, str]
+    canonicals: list[str]
+    groups: list[list[int]] | None
+    if keyfn is _identity_key:
+        members, starts = _tied_by_identity(leaves)
+        if rank is None:  # The hot path: canonical = first in flatten order, at C speed.
+            canonicals = list(map(path_of, members[starts].tolist()))
+            canonical_of = np.repeat(members[starts], np.diff(starts, append=len(members)))
+            is_alias = np.ones(len(members), bool)
+            is_alias[starts] = False
+            aliases = dict(
+                zip(
+                    map(path_of, members[is_alias].tolist()),
+                    map(path_of, canonical_of[is_alias].tolist()),
+                    strict=True,
+                )
             )
-        best = min(range(len(rendered)), key=lambda j: (rank(rendered[j]), j)) if rank else 0
-        for p in rendered:
-            if p != rendered[best]:
-                aliases[p] = rendered[best]
-    return AliasMap(aliases)
+            groups = None
+        else:
+            groups = [g.tolist() for g in np.split(members, starts[1:])] if len(members) else []
+    else:
+        groups = _group(leaves, keyfn, path_of)
+    if groups is not None:
+        aliases, canonicals = {}, []
+        for group in groups:
+            rendered = list(map(path_of, group))
+            best = min(range(len(rendered)), key=lambda j: (rank(rendered[j]), j)) if rank else 0
+            canonical = rendered[best]
+            canonicals.append(canonical)
+            for p in rendered:
+                aliases[p] = canonical
+            del aliases[canonical]
+    if len(aliases) + len(canonicals) != (
+        len(members) if groups is None else sum(map(len, groups))
+    ) or not aliases.keys().isdisjoint(canonicals):
+        if groups is None:
+            groups = [g.tolist() for g in np.split(members, starts[1:])]
+        _raise_clash([[path_of(i) for i in group] for group in groups])
+    # Every path is checked and distinct, and no canonical is an alias: the map
+    # needs no resolving.
+    return AliasMap._resolved(aliases)
 
 
-def _group_by_identity(leaves: list[Any]) -> list[list[int]]:
-    """The hot path: indices of array leaves grouped by ``id``, in flatten order.
+def _raise_clash(groups: list[list[str]]) -> None:
+    seen: set[str] = set()
+    for rendered in groups:
+        if seen.intersection(rendered) or len(set(rendered)) != len(rendered):
+            raise ValueError(
+                f"paths {rendered} of tied arrays render to a string another tied path "
+                "renders to; give the keys distinct names (e.g. not both 1 and '1')."
+            )
+        seen.update(rendered)
 
-    Repeated ids are found at C speed (a set, then ``np.unique``), so only the
-    repeated leaves are looked at in Python.
+
+#: Stands for a key that cannot be rendered in a path (see ``path_of``).
+_BAD = "\0"
+#: Types jax flattens as leaves whatever ``is_leaf`` says (arrays, scalars); jax's
+#: array types join on first sight.
+_LEAF_TYPES: set[type] = {np.ndarray, int, float, complex, bool, str, bytes}
+
+
+def _flatten_with_rendered_paths(
+    tree: Any, is_leaf: Callable[[Any], bool] | None
+) -> tuple[list[Any], list[str]]:
+    """``jax.tree_util.tree_flatten(tree, is_leaf)``'s leaves with their rendered paths.
+
+    The same leaves in the same order as jax's flatten, and the same paths as
+    rendering ``tree_flatten_with_path``'s key paths, at about the cost of that
+    traversal alone: dicts, lists, tuples and ``None`` -- the containers of
+    parameter trees -- are walked here, building each path from its parent's
+    string, so no key entry objects are made and hashed; any other pytree node
+    (a dataclass, a ``FrozenDict``, an Equinox module, an OrderedDict) is
+    flattened by jax and its key paths rendered. A key that cannot be rendered
+    is marked with ``_BAD`` and raises only if its path is asked for.
     """
-    ids = list(map(id, leaves))
-    if len(set(ids)) == len(ids):
-        return []
-    _, inverse, counts = np.unique(
-        np.array(ids, np.uint64), return_inverse=True, return_counts=True
-    )
-    groups: dict[int, list[int]] = {}
-    for i in np.flatnonzero(counts[inverse] > 1).tolist():
-        if is_array(leaves[i]):
-            groups.setdefault(ids[i], []).append(i)
-    return [g for g in groups.values() if len(g) > 1]
+    leaves: list[Any] = []
+    paths: list[str] = []
+    keys: dict[Any, str] = {}
+
+    def key(k: Any) -> str:
+        if type(k) is str and k and SEP not in k:
+            return k
+        try:
+            return keys[(type(k), k)]
+        except KeyError:
+            text = k if type(k) is str else str(k)
+            ok = (type(k) is str and text and SEP not in text) or (
+                type(k) is int and not isinstance(k, bool)
+            )
+            keys[(type(k), k)] = text if ok else _BAD
+            return keys[(type(k), k)]
+
+    def visit(node: Any, prefix: str) -> None:
+        kind = type(node)
+        if kind is dict:
+            items: Any = [(key(k), node[k]) for k in sorted(node)]
+        elif kind is list or kind is tuple:
+            items = zip(map(str, range(len(node))), node, strict=True)
+        elif node is None:
+            return
+        else:
+            flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_leaf)
+            if len(flat) == 1 and not flat[0][0]:  # A leaf.
+                leaves.append(node)
+                paths.append(prefix[:-1])
+                return
+            for keypath, leaf in flat:
+                leaves.append(leaf)
+                parts = [key(p) for p in keypath_to_path(keypath)]
+                paths.append(prefix + SEP.join(parts))
+            return
+        for name, child in items:
+            if type(child) in _LEAF_TYPES or (is_leaf is not None and is_leaf(child)):
+                leaves.append(child)
+                paths.append(prefix + name)
+            elif isinstance(child, jax.Array):
+                _LEAF_TYPES.add(type(child))
+                leaves.append(child)
+                paths.append(prefix + name)
+            else:
+                visit(child, prefix + name + SEP)
+
+    if is_leaf is not None and is_leaf(tree):
+        return [tree], [""]
+    visit(tree, "")
+    return leaves, paths
+
+
+def _tied_by_identity(leaves: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The array leaves that are one object, found at C speed (a stable sort of
+    the ids): ``(members, starts)``, the indices of tied leaves grouped, each
+    group in flatten order, and where each group starts in ``members``."""
+    ids = np.fromiter(map(id, leaves), np.uint64, len(leaves))
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
+    same = ids[1:] == ids[:-1]
+    none = np.zeros(0, np.intp)
+    if not same.any():
+        return none, none
+    tied = np.zeros(len(ids), bool)
+    tied[1:] = same
+    tied[:-1] |= same
+    first = tied.copy()
+    first[1:] &= ~same  # the first of each run of equal ids
+    members, starts = order[tied], np.flatnonzero(first[tied])
+    arrays = [is_array(leaves[i]) for i in members[starts].tolist()]
+    if not all(arrays):  # e.g. a small int repeated is no tie
+        keep = np.repeat(np.array(arrays, bool), np.diff(starts, append=len(members)))
+        members = members[keep]
+        starts = np.flatnonzero(first[tied][keep])
+    return members, starts
 
 
 def _group(
@@ -130,47 +249,13 @@ def _group(
     first: dict[Hashable, int] = {}
     dups: dict[int, list[int]] = {}
     for i, leaf in enumerate(leaves):
-        key = keyfn(leaf, lambda i=i: where(i))
+        key = keyfn(leaf, partial(where, i))
         if key is None:
             continue
         j = first.setdefault(key, i)
         if j != i:
             dups.setdefault(j, [j]).append(i)
     return list(dups.values())
-
-
-class _Mark:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def _paths_at(
-    tree: Any, treedef: Any, indices: list[int], is_leaf: Callable[[Any], bool] | None
-) -> dict[int, Path]:
-    """Key paths of the leaves at ``indices`` only.
-
-    Building a key path for every leaf costs most of a flatten, and ties are
-    few: the paths come from a copy of the structure holding a marker at each
-    wanted leaf and ``None`` (no leaf at all) elsewhere. A custom pytree node
-    that refuses ``None`` children gets the full flatten instead.
-    """
-    if not indices:
-        return {}
-    marks: list[Any] = [None] * treedef.num_leaves
-    for i in indices:
-        marks[i] = _Mark(i)
-    try:
-        marked = jax.tree_util.tree_unflatten(treedef, marks)
-        flat, _ = jax.tree_util.tree_flatten_with_path(marked)  # A _Mark is a leaf.
-        found = {m.index: keypath_to_path(kp) for kp, m in flat if isinstance(m, _Mark)}
-        if len(found) == len(set(indices)):
-            return found
-    except Exception:  # noqa: BLE001 -- any failure of a node's unflatten: fall back.
-        pass
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-    return {i: keypath_to_path(flat[i][0]) for i in indices}
 
 
 def _ranker(prefer: Prefer | None) -> Callable[[str], Any] | None:

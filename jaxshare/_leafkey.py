@@ -51,6 +51,7 @@ def _buffer_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
         return None  # Zero-size arrays have no memory; their addresses mean nothing.
     sharding = leaf.sharding
     if isinstance(sharding, SingleDeviceSharding):  # One buffer: skip the shard wrappers.
+        device: Any  # jaxlib ships no type information for its Device.
         (device,) = sharding.device_set
         shards: tuple = ((device.id, leaf.unsafe_buffer_pointer()),)
     else:

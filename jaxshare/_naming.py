@@ -18,7 +18,7 @@ JSON, strict like the alias map's::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from jaxshare._perm import Perm, as_perm
@@ -36,6 +36,10 @@ class Naming(NamedTuple):
 
     torch: str
     permute: Perm | None = None
+
+
+#: What a record's constructor takes for one path: a Naming, ``(name, permutation)``, a name.
+_Entry = Naming | tuple[str, Any] | str
 
 
 def _check(path: Any, entry: Any) -> Naming:
@@ -72,7 +76,11 @@ class NamingRecord(Mapping[str, Naming]):
 
     __slots__ = ("_entries", "_hash")
 
-    def __init__(self, entries: Mapping[str, Naming | tuple[str, Any] | str] = (), /) -> None:
+    def __init__(
+        self,
+        entries: Mapping[str, _Entry] | Iterable[tuple[str, _Entry]] = (),
+        /,
+    ) -> None:
         checked: dict[str, Naming] = {}
         owners: dict[str, str] = {}
         for path, entry in dict(entries).items():

@@ -13,7 +13,7 @@ hold NNX objects otherwise, and ``import jaxshare`` stays light.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from jaxshare._paths import Path
 
@@ -107,7 +107,7 @@ def walk(root: Any) -> list[tuple[Path, Any]]:
         if impl is None:
             return
         for key, child in impl.node_dict(node).items():
-            child_path = (*path, key)
+            child_path = (*path, cast(str | int, key))  # An attribute name or an index.
             if isinstance(child, nnx.Variable) or is_array(child):
                 out.append((child_path, child))
             elif graphlib.is_node(child) and id(child) not in on_stack:

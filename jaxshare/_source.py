@@ -18,7 +18,7 @@ import abc
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class TensorSource(abc.ABC):
     def close(self) -> None:  # noqa: B027 -- optional: most sources hold no file open.
         """Releases files; arrays already returned stay valid."""
 
-    def __enter__(self) -> TensorSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -33,7 +33,7 @@ from jaxshare.formats import (
 
 __all__ = ["ItemDir", "StoredItem", "open_item", "read_alias_map_file", "sample"]
 
-ItemDir = Path | epath.Path
+ItemDir: TypeAlias = Path | epath.Path
 
 _FIX = (
     "Fix: restore this file from the checkpoint's source, or delete it to read the "

@@ -33,7 +33,7 @@ def deepspeed_shared_params(module: torch.nn.Module, *, zero3: bool = False) -> 
             if param is None or (is_zero3_model and not hasattr(param, "ds_id")):
                 continue
             key = prefix + name
-            param_id = param.ds_id if is_zero3_model else param.data_ptr()
+            param_id = param.ds_id if is_zero3_model else param.data_ptr()  # type: ignore[attr-defined]  # ZeRO-3 sets it
             if param_id in shared_index:
                 shared[key] = shared_index[param_id]
             else:

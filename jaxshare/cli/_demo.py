@@ -90,12 +90,11 @@ def core_story(say: Callable[[str], None]) -> Tied:
     n_full, n_tied = len(jax.tree_util.tree_leaves(full)), len(jax.tree_util.tree_leaves(params))
     say(f"leaves: full tree {n_full}, Tied {n_tied} (the tie is one leaf)")
 
-    @jax.jit
     def step(p: Tied, tokens: jax.Array) -> tuple[Tied, jax.Array]:
         loss, grads = jax.value_and_grad(lambda p: _loss(p.tree, tokens))(p)
         return jax.tree.map(lambda x, g: x - 0.5 * g, p, grads), loss
 
-    donating = jax.jit(step.__wrapped__, donate_argnums=0)
+    donating = jax.jit(step, donate_argnums=0)
     tokens = jnp.arange(64) % VOCAB
     first = None
     for _ in range(60):
@@ -111,7 +110,7 @@ def core_story(say: Callable[[str], None]) -> Tied:
 def run(workdir: str | Path | None = None, say: Callable[[str], None] = print) -> None:
     """Runs every story; checkpoints go under ``workdir`` (a temp dir by default)."""
     with tempfile.TemporaryDirectory(prefix="jaxshare-demo-") as tmp:
-        root = Path(workdir) if workdir is not None else Path(tmp)
+        root = Path(workdir).absolute() if workdir is not None else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         core_story(say)
         from jaxshare.cli._demo_checkpoint import demo_story as checkpoint_story

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Callable
+from typing import TextIO, cast
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +77,7 @@ def demo_story(workdir: pathlib.Path, say: Callable[[str], None]) -> None:
     plain = ocp.StandardCheckpointer().restore(item)
     say(f"plain Orbax reads the item as the unique tree: {sorted(plain['params'])}")
     say(f"$ jaxshare inspect {item}")
-    print_report(inspect(item), _Say(say))
+    print_report(inspect(item), cast(TextIO, _Say(say)))
 
 
 class _Say:

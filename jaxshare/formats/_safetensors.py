@@ -481,7 +481,7 @@ def write_safetensors(
                             f"{spec.name!r}: expected {spec.dtype.name}, got {block.dtype.name}."
                         )
                     data = np.ascontiguousarray(block)
-                    f.write(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
+                    f.write(data.reshape(-1).view(np.uint8).data if data.size else b"")
                     size += data.nbytes
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")

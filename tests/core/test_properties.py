@@ -92,7 +92,7 @@ def expected_map(tree) -> AliasMap:
 def same_objects(a, b) -> bool:
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
-    return ta == tb and all(x is y for x, y in zip(la, lb, strict=False))
+    return ta == tb and all(x is y for x, y in zip(la, lb, strict=True))
 
 
 @given(trees)
@@ -113,7 +113,7 @@ def assert_retied(full, original, m: AliasMap) -> None:
     lo, to = jax.tree_util.tree_flatten_with_path(original)
     assert tf == to
     shared: dict[str, object] = {}
-    for (kp, x), (_, y) in zip(lf, lo, strict=False):
+    for (kp, x), (_, y) in zip(lf, lo, strict=True):
         path = render(keypath_to_path(kp))
         if path in m and m.transform(path) is not None:
             assert x is shared.setdefault(m[path], x)

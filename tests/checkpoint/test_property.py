@@ -8,7 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from jaxshare import checkpoint as jc
@@ -67,6 +67,7 @@ def _flat(tree: Any) -> dict[str, Any]:
     return {render(p): leaf for p, leaf in flatten_with_paths(tree)}
 
 
+@settings(max_examples=20)  # Each example is an Orbax save and restore.
 @given(tied_trees())
 def test_random_tied_trees_round_trip(tree: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 import jaxshare
 
 
@@ -33,9 +35,5 @@ def test_import_does_not_pull_in_torch_or_orbax():
 
 
 def test_unknown_attribute_is_an_attribute_error():
-    try:
+    with pytest.raises(AttributeError, match="no_such_name"):
         jaxshare.no_such_name  # noqa: B018
-    except AttributeError as e:
-        assert "no_such_name" in str(e)
-    else:
-        raise AssertionError("expected AttributeError")

@@ -6,10 +6,6 @@ multi-process job reads only what its devices hold."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -21,8 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 import bridge
 from jaxshare import TensorSource
-
-WORKER = Path(__file__).with_name("_sharded_worker.py")
 
 
 class Counting(TensorSource):
@@ -129,36 +123,16 @@ def test_replicated_blocks_are_read_once_per_process(weights):
     assert sorted(source.reads) == [("proj.weight", 2 * D * D * 4), ("wte.weight", V * D * 4)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_each_read_only_their_half(tmp_path):
+def test_two_processes_each_read_only_their_half(tmp_path, run_processes):
     torch.manual_seed(0)
     emb = torch.randn(256, 32)
     state = {"wte.weight": emb, "proj.weight": torch.randn(128, 32), "lm_head.weight": emb}
     path = tmp_path / "model.safetensors"
     bridge.save_safetensors(state, path)
-    port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), "2", str(port), str(path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = [proc.communicate(timeout=240)[0] for proc in procs]
     results = []
-    for i, out in enumerate(outputs):
-        assert procs[i].returncode == 0, out[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    for status, output in run_processes(Path(__file__).with_name("_sharded_worker.py"), str(path)):
+        assert status == 0, output[-3000:]
+        results.append(json.loads(output.strip().splitlines()[-1]))
     total = sum(t.numel() * 4 for k, t in state.items() if k != "lm_head.weight")
     for result in results:
         assert result["values_equal"]

@@ -1,11 +1,9 @@
-import copy
 from collections import OrderedDict, defaultdict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _trees import Block, Model, V, W
 from flax.core import FrozenDict
 
 from jaxshare import AliasMap, dedupe, find_shared, retie
@@ -17,56 +15,65 @@ def leaves_by_path(tree):
 
 CASES = [
     # name, tree, expected unique tree
-    ("dict", {"wte": W, "head": W, "b": V}, {"b": V, "head": W}),
+    ("dict", lambda t: {"wte": t.W, "head": t.W, "b": t.V}, lambda t: {"b": t.V, "head": t.W}),
     (
         "nested-prunes-emptied",
-        {"wte": {"embedding": W}, "lm_head": {"kernel": W}},
-        {"lm_head": {"kernel": W}},
+        lambda t: {"wte": {"embedding": t.W}, "lm_head": {"kernel": t.W}},
+        lambda t: {"lm_head": {"kernel": t.W}},
     ),
-    ("list-gets-none", [W, V, W], [W, V, None]),
-    ("tuple-gets-none", {"t": (V, V)}, {"t": (V, None)}),
-    ("namedtuple", Block(W, W), Block(W, None)),
-    ("dataclass", Model(W, W), Model(W, None)),
-    ("frozendict", FrozenDict({"p": {"x": W, "y": W}}), FrozenDict({"p": {"x": W}})),
-    ("ordereddict-keeps-order", OrderedDict(b=W, c=V, a=W), OrderedDict(b=W, c=V, a=None)),
-    ("mapping-in-list", [{"k": W}, {"k": W}], [{"k": W}, {}]),
-    ("keeps-empty-originals", {"e": {}, "a": W, "b": W}, {"e": {}, "a": W}),
+    ("list-gets-none", lambda t: [t.W, t.V, t.W], lambda t: [t.W, t.V, None]),
+    ("tuple-gets-none", lambda t: {"t": (t.V, t.V)}, lambda t: {"t": (t.V, None)}),
+    ("namedtuple", lambda t: t.Block(t.W, t.W), lambda t: t.Block(t.W, None)),
+    ("dataclass", lambda t: t.Model(t.W, t.W), lambda t: t.Model(t.W, None)),
+    (
+        "frozendict",
+        lambda t: FrozenDict({"p": {"x": t.W, "y": t.W}}),
+        lambda t: FrozenDict({"p": {"x": t.W}}),
+    ),
+    (
+        "ordereddict-keeps-order",
+        lambda t: OrderedDict(b=t.W, c=t.V, a=t.W),
+        lambda t: OrderedDict(b=t.W, c=t.V, a=None),
+    ),
+    ("mapping-in-list", lambda t: [{"k": t.W}, {"k": t.W}], lambda t: [{"k": t.W}, {}]),
+    (
+        "keeps-empty-originals",
+        lambda t: {"e": {}, "a": t.W, "b": t.W},
+        lambda t: {"e": {}, "a": t.W},
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, tree, unique", CASES, ids=[c[0] for c in CASES])
-def test_dedupe_and_retie_round_trip(name, tree, unique):
-    before = copy.copy(tree)
+def _same_leaves(a, b) -> bool:
+    """Same structure, and each leaf the very same object."""
+    leaves_a, struct_a = jax.tree_util.tree_flatten(a)
+    leaves_b, struct_b = jax.tree_util.tree_flatten(b)
+    return struct_a == struct_b and all(x is y for x, y in zip(leaves_a, leaves_b, strict=True))
+
+
+@pytest.mark.parametrize("name, build, build_unique", CASES, ids=[c[0] for c in CASES])
+def test_dedupe_and_retie_round_trip(name, build, build_unique, trees):
+    tree, unique = build(trees), build_unique(trees)
+    before = jax.tree_util.tree_flatten_with_path(tree)
     got, m = dedupe(tree)
-    assert type(got) is type(unique)
-    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(unique)
-    assert all(
-        a is b
-        for a, b in zip(
-            jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(unique), strict=False
-        )
-    )
+    assert type(got) is type(unique) and _same_leaves(got, unique)
     full = retie(got, m)
-    assert jax.tree_util.tree_structure(full) == jax.tree_util.tree_structure(tree)
-    assert all(
-        a is b
-        for a, b in zip(
-            jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(tree), strict=False
-        )
-    )
+    assert type(full) is type(tree) and _same_leaves(full, tree)
+    if isinstance(tree, OrderedDict):
+        assert list(got) == list(unique) and list(full) == list(tree)  # Key order kept.
     assert find_shared(full) == m
-    assert type(full) is type(tree)
-    if isinstance(tree, dict):
-        assert tree == before  # input not mutated (same keys, same objects)
+    after = jax.tree_util.tree_flatten_with_path(tree)  # The input is not mutated.
+    assert after[1] == before[1]
+    assert all(p == q and x is y for (p, x), (q, y) in zip(after[0], before[0], strict=True))
 
 
-def test_dedupe_shares_untouched_subtrees():
+def test_dedupe_shares_untouched_subtrees(W):
     big = {"layers": {str(i): {"k": jnp.ones(2)} for i in range(10)}, "a": W, "b": W}
     unique, _ = dedupe(big)
     assert unique["layers"] is big["layers"]
 
 
-def test_dedupe_is_idempotent():
+def test_dedupe_is_idempotent(W, V):
     tree = {"wte": W, "head": W, "l": [V, V]}
     once, m = dedupe(tree)
     twice, m2 = dedupe(once, m)
@@ -74,7 +81,7 @@ def test_dedupe_is_idempotent():
     assert leaves_by_path(twice) == leaves_by_path(once)
 
 
-def test_retie_recreates_int_keys_from_siblings():
+def test_retie_recreates_int_keys_from_siblings(W):
     tree = {"layers": {0: {"k": W}, 1: {"k": W}}}
     unique, m = dedupe(tree)
     assert unique == {"layers": {0: {"k": W}}}
@@ -82,7 +89,7 @@ def test_retie_recreates_int_keys_from_siblings():
     assert list(full["layers"]) == [0, 1] and full["layers"][1]["k"] is W
 
 
-def test_retie_with_transform_shares_one_transposed_array():
+def test_retie_with_transform_shares_one_transposed_array(W):
     m = AliasMap(
         {"head/kernel": "wte", "head2/kernel": "wte"},
         transforms={"head/kernel": (1, 0), "head2/kernel": (1, 0)},
@@ -100,12 +107,12 @@ def test_retie_numpy_transform_is_a_view():
     assert np.shares_memory(full["t"], w)
 
 
-def test_dedupe_accepts_deepspeed_style_plain_dicts():
+def test_dedupe_accepts_deepspeed_style_plain_dicts(W):
     unique, m = dedupe({"a": W, "b": W}, {"b": "a"})
     assert unique == {"a": W} and isinstance(m, AliasMap)
 
 
-def test_dedupe_of_equal_copies_re_establishes_a_tie():
+def test_dedupe_of_equal_copies_re_establishes_a_tie(W):
     # jax.jit returns two copies of one array: equal values, distinct objects.
     a, b = jax.jit(lambda x: (x, x))(W)
     unique, m = dedupe({"a": a, "b": b}, {"b": "a"})
@@ -122,17 +129,24 @@ def test_dedupe_on_abstract_targets():
     assert full["head"].shape == (4, 10) and full["head"].dtype == jnp.bfloat16
 
 
-def test_dedupe_inside_jit():
+def test_dedupe_inside_jit(W):
+    traced = {}
+
     @jax.jit
     def f(x):
-        tree = {"a": x, "b": x.T.T}
-        unique, _ = dedupe(tree, {"b": "a"})  # Shapes checked; values unknown while tracing.
+        tree = {"a": x, "b": x.T.T}  # Two tracers: values unknown while tracing.
+        unique, m = dedupe(tree, {"b": "a"})
+        traced.update(keys=sorted(unique), alias_map=m, kept=unique["a"] is x)
         return unique["a"]
 
-    f(W)
+    np.testing.assert_array_equal(f(W), W)
+    assert traced == {"keys": ["a"], "alias_map": AliasMap({"b": "a"}), "kept": True}
+    # Shapes are still checked while tracing.
+    with pytest.raises(ValueError, match=r"'b' \(alias of 'a'\): expected float32\[3, 4\]"):
+        jax.jit(lambda x: dedupe({"a": x, "b": x.T}, {"b": "a"})[0])(W)
 
 
-def test_mutable_mapping_subclass_with_default_factory():
+def test_mutable_mapping_subclass_with_default_factory(W):
     tree = defaultdict(list, {"a": W, "b": W})
     unique, m = dedupe(tree)
     assert isinstance(unique, defaultdict) and unique.default_factory is list
@@ -143,72 +157,96 @@ def test_mutable_mapping_subclass_with_default_factory():
 
 
 @pytest.mark.parametrize(
-    "tree, amap, match",
+    "build, amap, match",
     [
-        ({"a": W}, {"b": "x/y"}, r"no value at canonical path\(s\) \['x/y'\].*aliases: \['b'\]"),
         (
-            {"a": W, "b": V},
+            lambda t: {"a": t.W},
+            {"b": "x/y"},
+            r"no value at canonical path\(s\) \['x/y'\].*aliases: \['b'\]",
+        ),
+        (
+            lambda t: {"a": t.W, "b": t.V},
             {"b": "a"},
             r"'b' \(alias of 'a'\): expected float32\[3, 4\].*got float32\[5\]",
         ),
-        ({"a": W, "b": W + 1}, {"b": "a"}, r"'b' \(alias of 'a'\): holds different values"),
         (
-            {"a": W, "b": W.astype(jnp.bfloat16)},
+            lambda t: {"a": t.W, "b": t.W + 1},
+            {"b": "a"},
+            r"'b' \(alias of 'a'\): holds different values",
+        ),
+        (
+            lambda t: {"a": t.W, "b": t.W.astype(jnp.bfloat16)},
             {"b": "a"},
             r"expected float32\[3, 4\].*got bfloat16",
         ),
         (
-            {"a": W, "b": W},
+            lambda t: {"a": t.W, "b": t.W},
             AliasMap({"b": "a"}, transforms={"b": (1, 0)}),
             r"expected float32\[4, 3\] \(the canonical transposed by \[1, 0\]\)",
         ),
         (
-            {"a": W, "b": W},
+            lambda t: {"a": t.W, "b": t.W},
             AliasMap({"b": "a"}, transforms={"b": (2, 0, 1)}),
             r"alias 'b' has transform \[2, 0, 1\] for 3 axes.*shape \(3, 4\)",
         ),
         (
-            {"a": W, "l": [W]},
+            lambda t: {"a": t.W, "l": [t.W]},
             {"l/3": "a"},
             r"'l/3': no such path \(stops at 'l', which is not a mapping\)",
         ),
-        ({"a": W, "b": "text"}, {"b": "a"}, r"'b' \(alias of 'a'\): a str and a ArrayImpl"),
+        (
+            lambda t: {"a": t.W, "b": "text"},
+            {"b": "a"},
+            r"'b' \(alias of 'a'\): a str and a ArrayImpl",
+        ),
     ],
 )
-def test_dedupe_errors_name_the_paths(tree, amap, match):
+def test_dedupe_errors_name_the_paths(build, amap, match, trees):
     with pytest.raises(ValueError, match=match):
-        dedupe(tree, amap)
+        dedupe(build(trees), amap)
 
 
-def test_dedupe_reports_every_problem_at_once():
+def test_dedupe_reports_every_problem_at_once(W, V):
     with pytest.raises(ValueError) as e:
         dedupe({"a": W, "b": V, "c": W + 1}, {"b": "a", "c": "a"})
     assert "'b' (alias of 'a')" in str(e.value) and "'c' (alias of 'a')" in str(e.value)
 
 
 @pytest.mark.parametrize(
-    "unique, amap, match",
+    "build, amap, match",
     [
         (
-            {"a": W},
+            lambda t: {"a": t.W},
             {"b": "missing"},
             r"`unique_tree` has no value at canonical path\(s\) \['missing'\]",
         ),
-        ({"a": W, "b": V}, {"b": "a"}, r"already holds a ArrayImpl at alias path 'b'"),
-        ({"a": W, "l": [V]}, {"l/1": "a"}, r"cannot create l/1: its parent is a list"),
-        ({"a": W, "t": (V,)}, {"t/x/y": "a"}, r"cannot create t/x: its parent is a tuple"),
-        ({"a": W}, {"a/b": "a"}, r"'a' is a leaf of type ArrayImpl"),
         (
-            {"a": W},
+            lambda t: {"a": t.W, "b": t.V},
+            {"b": "a"},
+            r"already holds a ArrayImpl at alias path 'b'",
+        ),
+        (
+            lambda t: {"a": t.W, "l": [t.V]},
+            {"l/1": "a"},
+            r"cannot create l/1: its parent is a list",
+        ),
+        (
+            lambda t: {"a": t.W, "t": (t.V,)},
+            {"t/x/y": "a"},
+            r"cannot create t/x: its parent is a tuple",
+        ),
+        (lambda t: {"a": t.W}, {"a/b": "a"}, r"'a' is a leaf of type ArrayImpl"),
+        (
+            lambda t: {"a": t.W},
             AliasMap({"b": "a"}, transforms={"b": (0, 2, 1)}),
             r"alias 'b'.*3 axes.*\(3, 4\)",
         ),
-        ({"a": None}, {"b": "a"}, r"no value at canonical path\(s\) \['a'\]"),
+        (lambda t: {"a": None}, {"b": "a"}, r"no value at canonical path\(s\) \['a'\]"),
     ],
 )
-def test_retie_errors_name_the_paths(unique, amap, match):
+def test_retie_errors_name_the_paths(build, amap, match, trees):
     with pytest.raises(ValueError, match=match):
-        retie(unique, amap)
+        retie(build(trees), amap)
 
 
 def test_retie_refuses_transform_of_non_array():
@@ -216,19 +254,19 @@ def test_retie_refuses_transform_of_non_array():
         retie({"a": "text"}, AliasMap({"b": "a"}, transforms={"b": (1, 0)}))
 
 
-def test_non_string_keys_are_rejected_where_rendered():
+def test_non_string_keys_are_rejected_where_rendered(W):
     with pytest.raises(ValueError, match=r"key 1.5 of type float"):
         dedupe({1.5: W, 2.5: W})
     with pytest.raises(ValueError, match=r"no value at canonical path\(s\) \['y'\]"):
         dedupe({1.5: W, 2.5: W}, {"x": "y"})
 
 
-def test_str_and_int_keys_rendering_alike_are_rejected():
+def test_str_and_int_keys_rendering_alike_are_rejected(W, V):
     with pytest.raises(ValueError, match=r"keys '1' and 1 under '' render to the same path"):
         retie({"1": W, 1: V}, {"a": "1"})
 
 
-def test_sequences_are_looked_up_by_index():
+def test_sequences_are_looked_up_by_index(W, V):
     tree = {"l": [V, W], "t": (W,)}
     assert retie({"l": [V, W], "t": (None,)}, {"t/0": "l/1"})["t"][0] is W
     with pytest.raises(ValueError, match=r"no value at canonical path\(s\) \['l/2'\]"):
@@ -237,5 +275,5 @@ def test_sequences_are_looked_up_by_index():
         retie(tree, {"t/0": "l/01"})
 
 
-def test_retie_of_identical_alias_is_accepted():
+def test_retie_of_identical_alias_is_accepted(W):
     assert retie({"a": W, "b": W}, {"b": "a"})["b"] is W

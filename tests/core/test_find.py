@@ -4,7 +4,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _trees import Block, Model, V, W
 from flax.core import FrozenDict
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -13,31 +12,31 @@ from jaxshare import AliasMap, find_shared
 
 # (name, tree, expected alias map): containers x sharing shapes.
 CASES = [
-    ("none", {"a": W, "b": V}, {}),
-    ("pair-dict", {"wte": W, "lm_head": W}, {"wte": "lm_head"}),
+    ("none", lambda t: {"a": t.W, "b": t.V}, {}),
+    ("pair-dict", lambda t: {"wte": t.W, "lm_head": t.W}, {"wte": "lm_head"}),
     (
         "triple-nested",
-        {"enc": {"emb": W}, "dec": {"emb": W}, "shared": W},
+        lambda t: {"enc": {"emb": t.W}, "dec": {"emb": t.W}, "shared": t.W},
         {"enc/emb": "dec/emb", "shared": "dec/emb"},
     ),
-    ("two-groups", {"a": W, "b": V, "c": W, "d": V}, {"c": "a", "d": "b"}),
-    ("list", [W, V, W], {"2": "0"}),
-    ("tuple-in-dict", {"t": (V, V)}, {"t/1": "t/0"}),
-    ("namedtuple", Block(W, W), {"bias": "kernel"}),
-    ("dataclass", Model(W, W, V), {"head": "embed"}),
-    ("frozendict", FrozenDict({"p": {"x": W, "y": W}}), {"p/y": "p/x"}),
-    ("int-keys", {0: W, 1: W}, {"1": "0"}),
+    ("two-groups", lambda t: {"a": t.W, "b": t.V, "c": t.W, "d": t.V}, {"c": "a", "d": "b"}),
+    ("list", lambda t: [t.W, t.V, t.W], {"2": "0"}),
+    ("tuple-in-dict", lambda t: {"t": (t.V, t.V)}, {"t/1": "t/0"}),
+    ("namedtuple", lambda t: t.Block(t.W, t.W), {"bias": "kernel"}),
+    ("dataclass", lambda t: t.Model(t.W, t.W, t.V), {"head": "embed"}),
+    ("frozendict", lambda t: FrozenDict({"p": {"x": t.W, "y": t.W}}), {"p/y": "p/x"}),
+    ("int-keys", lambda t: {0: t.W, 1: t.W}, {"1": "0"}),
     (
         "shared-subtree",
-        {"l0": {"k": W, "b": V}, "l1": {"k": W, "b": V}},
+        lambda t: {"l0": {"k": t.W, "b": t.V}, "l1": {"k": t.W, "b": t.V}},
         {"l1/b": "l0/b", "l1/k": "l0/k"},
     ),
 ]
 
 
-@pytest.mark.parametrize("name, tree, expected", CASES, ids=[c[0] for c in CASES])
-def test_finds_ties_in_containers(name, tree, expected):
-    assert find_shared(tree) == AliasMap(expected)
+@pytest.mark.parametrize("name, build, expected", CASES, ids=[c[0] for c in CASES])
+def test_finds_ties_in_containers(name, build, expected, trees):
+    assert find_shared(build(trees)) == AliasMap(expected)
 
 
 @pytest.mark.parametrize("leaf", [1, 2.0, "s", None, True, np.float32(1.0)])
@@ -45,7 +44,7 @@ def test_non_array_leaves_are_never_aliases(leaf):
     assert find_shared({"a": leaf, "b": leaf, "c": [leaf]}) == {}
 
 
-def test_canonical_is_first_in_flatten_order_and_stable():
+def test_canonical_is_first_in_flatten_order_and_stable(W):
     tree = {"z": W, "a": {"y": W}, "m": [W]}
     m = find_shared(tree)
     assert set(m.values()) == {"a/y"}  # dict keys sorted: 'a' < 'm' < 'z'
@@ -65,13 +64,13 @@ def test_canonical_is_first_in_flatten_order_and_stable():
         (["lm"], "lm_head/kernel"),  # 'lm' is no prefix at a '/' boundary: flatten order.
     ],
 )
-def test_prefer_ranks_paths(prefer, canonical):
+def test_prefer_ranks_paths(prefer, canonical, W):
     tree = {"transformer": {"wte": {"embedding": W}}, "lm_head": {"kernel": W}, "x": W}
     m = find_shared(tree, prefer=prefer)
     assert set(m.values()) == {canonical} and len(m) == 2
 
 
-def test_prefer_of_wrong_type_is_a_type_error():
+def test_prefer_of_wrong_type_is_a_type_error(W):
     with pytest.raises(TypeError, match="`prefer` must be a callable"):
         find_shared({"a": W, "b": W}, prefer="a")
 
@@ -81,18 +80,18 @@ def test_unknown_by_is_rejected():
         find_shared({}, by="ptr")
 
 
-def test_is_leaf_is_honoured():
-    tree = {"a": Block(W, V), "b": Block(W, V)}
+def test_is_leaf_is_honoured(W, V, trees):
+    tree = {"a": trees.Block(W, V), "b": trees.Block(W, V)}
     assert find_shared(tree) == {"b/kernel": "a/kernel", "b/bias": "a/bias"}
     # With whole blocks as leaves nothing is an array, so nothing is tied.
-    assert find_shared(tree, is_leaf=lambda x: isinstance(x, Block)) == {}
+    assert find_shared(tree, is_leaf=lambda x: isinstance(x, trees.Block)) == {}
 
 
 def test_equal_values_are_not_ties():
     assert find_shared({"a": jnp.zeros(3), "b": jnp.zeros(3)}) == {}
 
 
-def test_tracers_inside_jit_by_identity():
+def test_tracers_inside_jit_by_identity(V):
     @jax.jit
     def f(x):
         y = x * 2
@@ -103,13 +102,13 @@ def test_tracers_inside_jit_by_identity():
     f(V)
 
 
-def test_jit_copies_break_identity_and_buffer_finds_nothing_either():
+def test_jit_copies_break_identity_and_buffer_finds_nothing_either(V):
     a, b = jax.jit(lambda x: (x, x))(V)
     assert a is not b
     assert find_shared({"a": a, "b": b}) == {}
 
 
-def test_buffer_on_tracer_is_a_clear_error():
+def test_buffer_on_tracer_is_a_clear_error(V):
     @jax.jit
     def f(x):
         find_shared({"a": x, "b": x}, by="buffer")
@@ -119,13 +118,13 @@ def test_buffer_on_tracer_is_a_clear_error():
         f(V)
 
 
-def test_key_with_slash_in_a_tie_is_rejected_naming_it():
+def test_key_with_slash_in_a_tie_is_rejected_naming_it(W, V):
     with pytest.raises(ValueError, match=r"'a/b' at path \('a/b',\) contains '/'"):
         find_shared({"a/b": W, "c": W})
     assert find_shared({"a/b": W, "c": V}) == {}  # Untied keys are never rendered.
 
 
-def test_optax_state_ties_follow_the_params():
+def test_optax_state_ties_follow_the_params(W):
     params = {"wte": W, "head": W}
     state = optax.adam(1e-3).init(params)
     # Adam creates fresh moments per leaf: mu and nu do not share anything.
@@ -134,7 +133,7 @@ def test_optax_state_ties_follow_the_params():
     assert m == {"0/wte": "0/head"}
 
 
-def test_optax_state_holding_one_array_twice():
+def test_optax_state_holding_one_array_twice(W):
     state = optax.adam(1e-3).init({"x": W})
     shared = state[0]._replace(nu=state[0].mu)
     assert find_shared((shared,)) == {"0/nu/x": "0/mu/x"}
@@ -251,13 +250,13 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def test_paths_of_nodes_that_refuse_placeholders():
+def test_paths_of_nodes_that_refuse_placeholders(W, V):
     tree = {"s": Strict(W, V), "t": Strict(V, W)}
     assert find_shared(tree) == {"t/a": "s/b", "t/b": "s/a"}
     assert find_shared(tree, prefer=["t"]) == {"s/a": "t/b", "s/b": "t/a"}
 
 
-def test_repeated_non_array_objects_are_skipped_in_the_fast_path():
+def test_repeated_non_array_objects_are_skipped_in_the_fast_path(W):
     s = "shared-string"
     tree = {"a": s, "b": s, "c": W, "d": [W, 0, 0]}
     assert find_shared(tree) == {"d/0": "c"}

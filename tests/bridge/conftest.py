@@ -1,27 +1,16 @@
-"""Helpers shared by the bridge tests: random tied state dicts, and state-dict equality
-that compares bits and ties."""
+"""Fixtures of the bridge tests: random tied state dicts, and state-dict equality that
+compares bits and ties."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import strategies as st
 
 from bridge import shared_params
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bytes, so NaNs compare by their bits."""
-    return t.detach().clone().reshape(-1).view(torch.uint8) if t.numel() else torch.zeros(0)
-
-
-def assert_same_state(got: dict, want: dict) -> None:
-    """Names, shapes, dtypes and bits equal; every tie of ``want`` one object in ``got``."""
-    assert set(got) == set(want)
-    for key, tensor in want.items():
-        assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape, key
-        assert torch.equal(_bits(got[key]), _bits(tensor)), key
-    for alias, canonical in shared_params(want).items():
-        assert got[alias] is got[canonical], alias
-
 
 DTYPES = [
     torch.float32,
@@ -35,10 +24,29 @@ DTYPES = [
 LEAVES = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked", "emb"]
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes, so NaNs compare by their bits."""
+    return t.detach().clone().reshape(-1).view(torch.uint8) if t.numel() else torch.zeros(0)
+
+
+def _assert_same_state(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for key, tensor in want.items():
+        assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape, key
+        assert torch.equal(_bits(got[key]), _bits(tensor)), key
+    for alias, canonical in shared_params(want).items():
+        assert got[alias] is got[canonical], alias
+
+
+@pytest.fixture(scope="session")
+def assert_same_state() -> Callable[[dict, dict], None]:
+    """``assert_same_state(got, want)``: names, shapes, dtypes and bits equal; every tie
+    of ``want`` one object in ``got``."""
+    return _assert_same_state
+
+
 @st.composite
-def tied_state_dicts(draw) -> dict[str, torch.Tensor]:
-    """1-5 tensors of any bits, several dtypes and ranks (zero-size included), some
-    under more names: the very tensor or another view of its memory."""
+def _tied_state_dicts(draw: st.DrawFn) -> dict[str, torch.Tensor]:
     n = draw(st.integers(1, 5))
     state: dict[str, torch.Tensor] = {}
     for i in range(n):
@@ -57,3 +65,11 @@ def tied_state_dicts(draw) -> dict[str, torch.Tensor]:
             alias = f"t{i}_{j}.{draw(st.sampled_from(LEAVES))}"
             state[alias] = tensor if draw(st.booleans()) else tensor.view(shape)
     return state
+
+
+@pytest.fixture(scope="session")
+def tied_state_dicts() -> st.SearchStrategy[dict[str, torch.Tensor]]:
+    """A strategy: 1-5 tensors of any bits, several dtypes and ranks (zero-size
+    included), some under more names: the very tensor or another view of its memory.
+    Draw from it with ``hypothesis.strategies.data()``."""
+    return _tied_state_dicts()

@@ -449,7 +449,7 @@ def test_public_names() -> None:
         ]
     )
     for name in jc.__all__:
-        assert getattr(jc, name) is not None
+        assert getattr(jc, name).__doc__, f"jaxshare.checkpoint.{name} has no docstring"
     assert jaxshare.checkpoint is jc
 
 

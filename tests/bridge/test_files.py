@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from _bridge_strategies import assert_same_state, tied_state_dicts
 from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 from bridge import load_safetensors, load_torch, save_safetensors, shared_params, to_torch
@@ -36,7 +36,7 @@ def tied_state() -> dict[str, torch.Tensor]:
 # -- safetensors ------------------------------------------------------------------
 
 
-def test_safetensors_round_trip_re_ties(tmp_path):
+def test_safetensors_round_trip_re_ties(tmp_path, assert_same_state):
     state = tied_state()
     path = tmp_path / "m.safetensors"
     save_safetensors(state, path)
@@ -70,7 +70,7 @@ def _data_bytes(path) -> int:
     return path.stat().st_size - 8 - size
 
 
-def test_permuted_views_are_stored_once_with_their_permutation(tmp_path):
+def test_permuted_views_are_stored_once_with_their_permutation(tmp_path, assert_same_state):
     # to_torch gives a tie whose layouts do not cancel as a permuted view.
     emb = torch.arange(8.0).reshape(4, 2)
     state = {"wte.weight": emb, "head.weight": emb.t(), "cube": torch.randn(2, 3, 4)}
@@ -90,14 +90,14 @@ def test_overlapping_views_that_are_not_one_tensor_are_refused(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
-def test_disjoint_views_of_one_storage_are_written_separately(tmp_path):
+def test_disjoint_views_of_one_storage_are_written_separately(tmp_path, assert_same_state):
     fused = torch.arange(12.0)
     state = {"q": fused[:4], "k": fused[4:8], "v": fused[8:]}
     save_safetensors(state, tmp_path / "m.safetensors")
     assert_same_state(load_safetensors(tmp_path / "m.safetensors"), state)
 
 
-def test_a_file_written_by_others_loads_without_ties(tmp_path):
+def test_a_file_written_by_others_loads_without_ties(tmp_path, assert_same_state):
     state = {"a": torch.ones(2), "b": torch.zeros(3)}
     safetensors.torch.save_file(state, tmp_path / "m.safetensors")
     assert_same_state(load_safetensors(tmp_path / "m.safetensors"), state)
@@ -188,7 +188,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_does_not_run(tmp_path):
     assert not marker.exists()
 
 
-def test_torch_files_come_back_with_ties_as_one_object(tmp_path):
+def test_torch_files_come_back_with_ties_as_one_object(tmp_path, assert_same_state):
     model = nn.ModuleDict({"a": nn.Linear(2, 2)})
     model["b"] = model["a"]
     path = tmp_path / "m.pt"
@@ -291,8 +291,9 @@ def test_inspect_names_a_broken_safetensors_file(tmp_path, content, match):
         inspect(path)
 
 
-@given(tied_state_dicts())
-def test_files_keep_every_name_bit_and_tie(state):
+@given(data=st.data())
+def test_files_keep_every_name_bit_and_tie(data, tied_state_dicts, assert_same_state):
+    state = data.draw(tied_state_dicts)
     with tempfile.TemporaryDirectory() as tmp:
         save_safetensors(state, Path(tmp) / "m.safetensors")
         assert_same_state(load_safetensors(Path(tmp) / "m.safetensors"), state)

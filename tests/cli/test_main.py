@@ -1,4 +1,5 @@
-"""The `jaxshare` command's own behaviour; each reader's commands are tested beside it."""
+"""The `jaxshare` command's own behaviour; each reader's commands are tested beside it,
+the demo in test_demo.py."""
 
 import subprocess
 import sys
@@ -6,17 +7,6 @@ import sys
 import pytest
 
 from jaxshare.cli import main
-
-
-def test_demo_tells_the_whole_story(tmp_path, capsys):
-    assert main(["demo", "--workdir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "returns the same array twice? False" in out
-    assert "Attempt to donate the same buffer twice" in out
-    assert "lm_head/kernel == wte/embedding.T: True" in out
-    for section in ("== 3. Orbax checkpoints", "== 4. PyTorch"):
-        assert section in out
-    assert "skipped" not in out
 
 
 def test_console_script_entry_point():

@@ -6,11 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from _bridge_strategies import assert_same_state, tied_state_dicts
 from flax import linen as nn
 from flax import nnx
 from flax.core import FrozenDict
 from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn as tnn
 
 import jaxshare
@@ -55,7 +55,7 @@ TOKENS = np.array([[1, 2, 3, 9]])
 
 
 @pytest.mark.parametrize("source", ["module", "state_dict"])
-def test_round_trip_keeps_values_names_and_ties(source):
+def test_round_trip_keeps_values_names_and_ties(source, assert_same_state):
     model = TiedLM()
     variables, aliases = to_flax(model if source == "module" else model.state_dict())
     back = to_torch(variables, aliases)
@@ -92,14 +92,44 @@ def test_torch_save_of_the_result_stores_each_tie_once(tmp_path):
     assert saved >= model.wte.weight.numel() * 4
 
 
+def _snapshot_state(state: dict) -> list:
+    """Each entry's name, tensor object, dtype, and a copy of its values."""
+    return [(k, v, v.dtype, v.detach().clone()) for k, v in state.items()]
+
+
+def _snapshot_tree(tree) -> tuple:
+    """The structure, and each leaf's path, object, dtype, and a copy of its values."""
+    leaves, structure = jax.tree_util.tree_flatten_with_path(tree)
+    return structure, [(p, x, x.dtype, np.array(x)) for p, x in leaves]
+
+
+def _assert_unchanged_state(state: dict, snapshot: list) -> None:
+    assert list(state) == [k for k, *_ in snapshot]
+    for key, tensor, dtype, values in snapshot:
+        assert state[key] is tensor and tensor.dtype == dtype, key
+        assert torch.equal(tensor, values), key
+
+
+def _assert_unchanged_tree(tree, snapshot: tuple) -> None:
+    structure, leaves = snapshot
+    now, now_structure = jax.tree_util.tree_flatten_with_path(tree)
+    assert now_structure == structure
+    for (path, leaf), (was_path, was, dtype, values) in zip(now, leaves, strict=True):
+        assert path == was_path and leaf is was and leaf.dtype == dtype, path
+        np.testing.assert_array_equal(np.asarray(leaf), values)
+
+
 def test_inputs_are_not_mutated():
     model = TiedLM()
     state = model.state_dict()
-    keys = list(state)
+    before_state = _snapshot_state(state)
     variables, aliases = to_flax(state)
-    before = jax.tree.map(lambda x: x, variables)
+    _assert_unchanged_state(state, before_state)
+    before_variables, before_aliases = _snapshot_tree(variables), aliases.to_json()
     to_torch(variables, aliases)
-    assert list(state) == keys and jax.tree.structure(variables) == jax.tree.structure(before)
+    _assert_unchanged_tree(variables, before_variables)
+    assert aliases.to_json() == before_aliases
+    _assert_unchanged_state(state, before_state)
 
 
 # -- like= ----------------------------------------------------------------------
@@ -121,7 +151,7 @@ def test_like_gives_its_exact_structure_and_the_same_forward(flax_model):
     TiedLM().load_state_dict(back, strict=True)
 
 
-def test_like_without_a_collection_wrapper_and_frozen():
+def test_like_without_a_collection_wrapper_and_frozen(assert_same_state):
     model = TiedLM()
     params = jax.eval_shape(AttendLM().init, jax.random.key(0), TOKENS)["params"]
     variables, aliases = to_flax(model, like=FrozenDict(params))
@@ -225,7 +255,7 @@ def test_nnx_module_gets_back_the_names_its_state_dropped():
     )
 
 
-def test_nnx_like_round_trip():
+def test_nnx_like_round_trip(assert_same_state):
     torch_model = TorchTwin()
     model = nnx.eval_shape(lambda: NnxLM(nnx.Rngs(0)))
     state, aliases = to_flax(torch_model, like=model)
@@ -240,7 +270,7 @@ def test_nnx_like_round_trip():
     assert_same_state(to_torch(real), torch_model.state_dict())
 
 
-def test_tied_input():
+def test_tied_input(assert_same_state):
     model = TiedLM()
     variables, aliases = to_flax(model)
     tied = jaxshare.tie(variables, aliases)
@@ -329,7 +359,7 @@ def test_a_flax_tie_whose_layouts_do_not_cancel_is_a_permuted_view():
         torch.float8_e4m3fn,
     ],
 )
-def test_dtypes_cross_bit_exactly(dtype):
+def test_dtypes_cross_bit_exactly(dtype, assert_same_state):
     if dtype == torch.bool:
         tensor = torch.randint(0, 2, (3, 5)).bool()
     else:  # Any bit pattern, NaNs included.
@@ -426,6 +456,7 @@ def test_to_torch_like_checks_names_and_shapes():
 # -- the law, over random tied state dicts -----------------------------------------
 
 
-@given(tied_state_dicts())
-def test_to_torch_inverts_to_flax_bit_exactly_with_ties(state):
+@given(data=st.data())
+def test_to_torch_inverts_to_flax_bit_exactly_with_ties(data, tied_state_dicts, assert_same_state):
+    state = data.draw(tied_state_dicts)
     assert_same_state(to_torch(*to_flax(state)), state)
