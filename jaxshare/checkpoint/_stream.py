@@ -155,8 +155,10 @@ class StreamedItem:
             pending: set[asyncio.Task[None]] = set()
 
             async def write_one(i: int, array: np.ndarray) -> None:
-                await handler.write_array(array, infos[i], args[i])
-                ahead.release(i)
+                try:
+                    await handler.write_array(array, infos[i], args[i])
+                finally:  # Even a failed write frees its bytes: the next read goes on.
+                    ahead.release(i)
                 self.report(leaves[i].entry)
 
             try:

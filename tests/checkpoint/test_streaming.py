@@ -253,6 +253,27 @@ def test_a_failed_read_leaves_no_item_and_keeps_the_old_one(tmp_path: Path) -> N
     assert list(_flat(jc.restore(tmp_path / "ckpt"))) == ["old"]
 
 
+def test_a_failed_write_stops_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxshare.checkpoint import _stream
+
+    write = _stream._LeafHandler.write_array
+    calls: list[int] = []
+
+    async def full_disk(self: Any, array: np.ndarray, info: Any, arg: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        await write(self, array, info, arg)
+
+    monkeypatch.setattr(_stream._LeafHandler, "write_array", full_disk)
+    source = CountingSource(_many(40, rows=64))
+    plan = Plan.identity(source)
+    with pytest.raises(Exception, match="No space left"):
+        jc.write_item(tmp_path / "ckpt", plan, source)
+    assert list(tmp_path.iterdir()) == []
+    assert len(source.reads) < len(plan.entries)  # Stopped early, not at the end.
+
+
 def test_write_item_refuses_an_existing_item_without_force(tmp_path: Path) -> None:
     jc.save(tmp_path / "ckpt", {"old": jnp.ones(3)})
     source = CountingSource(_many(2))
