@@ -12,6 +12,8 @@ so the item is the one :func:`jaxshare.checkpoint.save` writes for the same
 arrays: each array is stored as ``save`` stores ``jnp.asarray`` of it (a
 ``jax.Array`` on the default device, its sharding recorded), an 8-byte one as a
 numpy array (JAX would narrow it), a zero-size one in the empty-array record.
+Only Orbax's optional per-array "write shape" record is not kept (restores do
+without it, as for checkpoints of older Orbax versions).
 
 Only the primary process reads and writes arrays, as Orbax does for numpy
 arrays; every process takes part in the save's barriers.
