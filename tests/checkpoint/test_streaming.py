@@ -378,3 +378,25 @@ def test_read_ahead_stops_when_closed() -> None:
     ahead.close()  # Waits for the job under way, if any.
     assert not ahead._thread.is_alive()
     assert len(started) <= 2
+
+
+# --- several processes -----------------------------------------------------------
+
+
+def test_two_processes_write_one_item_read_by_the_primary_only(
+    run_processes: Any, tmp_path: Path
+) -> None:
+    import json
+
+    worker = Path(__file__).with_name("_streaming_worker.py")
+    results = []
+    for process, (status, output) in enumerate(run_processes(worker, str(tmp_path))):
+        assert status == 0, f"process {process} failed:\n{output[-4000:]}"
+        result = json.loads(output.strip().splitlines()[-1])
+        assert "crash" not in result, f"process {process} crashed:\n{result['crash']}"
+        results.append(result)
+    assert [r["reads"] for r in results] == [5, 0]  # Only the primary reads and writes.
+    for result in results:
+        assert result["alias_map"] == {"head/kernel": "layer_0/kernel"}
+        assert result["values_equal"] is True
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.suffix) == ["ckpt"]  # No strays.
