@@ -10,9 +10,11 @@ directory) ask it for one output array at a time, read from the source with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -22,7 +24,9 @@ from jaxshare._perm import Perm
 from jaxshare._report import ArrayInfo
 from jaxshare._source import TensorSource
 
-__all__ = ["Plan", "PlanEntry"]
+__all__ = ["Plan", "PlanEntry", "ReadAhead"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,131 @@ class Plan:
     def arrays(
         self, source: TensorSource, progress: Callable[[int, int, str, int], None] | None = None
     ) -> Iterator[tuple[PlanEntry, np.ndarray]]:
-        """Each entry with its array, one at a time, reporting progress after each."""
-        for done, entry in enumerate(self.entries, 1):
-            yield entry, self.array(source, entry)
-            if progress is not None:
-                progress(done, len(self.entries), entry.name, entry.info.nbytes)
+        """Each entry with its array, in order, reporting progress after each.
+
+        The next array is read (cast, transposed) in a background thread while
+        the caller handles the current one, so reading overlaps writing; at most
+        :meth:`budget` bytes are held at once (see :class:`ReadAhead`): about
+        two of the largest tensor, never the model. An array counts as held until
+        the next one is asked for: a caller that drops it then (``del``) keeps
+        memory within the budget.
+        """
+        jobs = [(self.cost(source, e), partial(self.array, source, e)) for e in self.entries]
+        with ReadAhead(jobs, self.budget(source)) as ahead:
+            arrays = iter(ahead)  # No zip: it would keep the last array until the next.
+            for done, entry in enumerate(self.entries, 1):
+                array = next(arrays)
+                yield entry, array
+                del array
+                if progress is not None:
+                    progress(done, len(self.entries), entry.name, entry.info.nbytes)
+
+    def cost(self, source: TensorSource, entry: PlanEntry) -> int:
+        """The most bytes reading ``entry`` holds at once: its output array, plus
+        the source's array while a cast or transpose copies it."""
+        out = entry.info.nbytes
+        if entry.perm is None and source.infos[entry.source].dtype == entry.info.dtype:
+            return out
+        return out + source.infos[entry.source].nbytes
+
+    def budget(self, source: TensorSource) -> int:
+        """The bytes :meth:`arrays` may hold at once: twice the largest tensor (a
+        transposed one counted with its source), so one tensor can be read while
+        the one before is written."""
+        return 2 * max((e.info.nbytes for e in self.entries), default=0) or 1
+
+
+class ReadAhead(Generic[T]):
+    """Runs ``jobs`` in order in one background thread, ahead of the caller, holding
+    at most ``budget`` bytes of results the caller has not released.
+
+    Each job is ``(cost, fn)``: ``fn()`` makes a value that holds about ``cost``
+    bytes while it is made and until it is released. A job starts only once its
+    cost fits the budget beside the values not yet released (a job costlier than
+    the whole budget starts once nothing is held, so the budget is never a
+    deadlock). Iterating gives the values in order; by default a value is
+    released when the next one is asked for. A caller that keeps values longer
+    (e.g. until an asynchronous write is done) iterates :meth:`held` and calls
+    :meth:`release` itself. Closing stops the thread; an error in a job is
+    raised to the caller.
+
+    >>> with ReadAhead([(1, lambda: "a"), (1, lambda: "b")], budget=2) as ahead:
+    ...     list(ahead)
+    ['a', 'b']
+    """
+
+    def __init__(self, jobs: Sequence[tuple[int, Callable[[], T]]], budget: int) -> None:
+        self._jobs = list(jobs)
+        self._budget = budget
+        self._held: dict[int, int] = {}  # Job index -> cost, until released.
+        self._done: dict[int, tuple[bool, Any]] = {}  # Job index -> (ok, value or error).
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="jaxshare-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for i, (cost, fn) in enumerate(self._jobs):
+            with self._cond:
+                while self._held and sum(self._held.values()) + cost > self._budget:
+                    if self._closed:
+                        return
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._held[i] = cost
+            try:
+                result: tuple[bool, Any] = (True, fn())
+            except BaseException as e:  # Handed to the caller, whatever it is.
+                result = (False, e)
+            with self._cond:
+                if self._closed:
+                    return
+                self._done[i] = result
+                self._cond.notify_all()
+                if not result[0]:
+                    return
+
+    def held(self) -> Iterator[tuple[int, T]]:
+        """``(index, value)`` of each job in order; the caller releases each."""
+        for i in range(len(self._jobs)):
+            yield i, self._take(i)
+
+    def __iter__(self) -> Iterator[T]:
+        for i in range(len(self._jobs)):
+            value = self._take(i)
+            yield value
+            del value
+            self.release(i)  # Asked for the next: done with this one.
+
+    def _take(self, i: int) -> T:
+        with self._cond:
+            while i not in self._done:
+                self._cond.wait()
+            ok, value = self._done.pop(i)
+        if not ok:
+            raise value
+        return value
+
+    def release(self, index: int) -> None:
+        """The caller is done with the value of job ``index``: its bytes are free."""
+        with self._cond:
+            self._held.pop(index, None)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stops the thread and waits for its current job to end (so the source is
+        no longer read once this returns); values not taken are dropped."""
+        with self._cond:
+            self._closed = True
+            self._done.clear()
+            self._held.clear()
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self) -> ReadAhead[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 from collections.abc import Iterable
@@ -14,12 +15,13 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxshare._alias import AliasMap
-from jaxshare._output import atomic_output
+from jaxshare._output import atomic_output, remove_path
 from jaxshare._plan import Plan
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
+from jaxshare.checkpoint._stream import StreamedItem
 from jaxshare.formats import ITEM, find_item
 
 __all__ = ["read_alias_map", "restore", "save", "write_item"]
@@ -73,8 +75,14 @@ def save(
     with atomic_output(
         path, ITEM, force=force, inputs=inputs, token=_shared_token(), commit=primary
     ) as tmp:
-        with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
-            checkpointer.save(tmp, args=SharedSave(item))
+        try:
+            with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
+                checkpointer.save(tmp, args=SharedSave(item))
+        except BaseException:
+            if primary:  # Orbax leaves its own temporary directory when a save fails.
+                for stray in tmp.parent.glob(f"{glob.escape(tmp.name)}.orbax-checkpoint-tmp*"):
+                    remove_path(stray)
+            raise
     if processes > 1:  # Every process returns once the item is in place.
         multihost_utils.sync_global_devices(f"jaxshare.checkpoint.save:{path}")
 
@@ -140,18 +148,32 @@ def write_item(
     progress: ProgressFn | None = None,
 ) -> None:
     """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
-    with the plan's alias map (and naming record).
+    with the plan's alias map (and naming record), streaming.
+
+    The model is never held: each array is read (cast and transposed as the plan
+    says) while the ones before it are written, so memory holds about two of
+    the largest array (:meth:`jaxshare.Plan.arrays`). The item is the one
+    :func:`save` writes for the same arrays (``jax.Array`` s, 8-byte ones as
+    numpy arrays): an ordinary Orbax checkpoint of the unique tree plus the
+    alias map, written atomically. In a multi-process job every process calls
+    it; only the primary one reads ``source``.
 
     Raises:
       as :func:`save`.
-    """
-    from jaxshare._tied import Tied
 
-    unique: dict[str, Any] = {}
-    for entry, array in plan.arrays(source, progress):
-        node = unique
-        *parents, last = entry.name.split("/")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = jax.numpy.asarray(array) if array.dtype.itemsize < 8 else np.array(array)
-    save(directory, Tied(unique, plan.alias_map), force=force, inputs=inputs)
+    >>> import tempfile
+    >>> from jaxshare import Plan
+    >>> from jaxshare.formats import SafetensorsFile
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, d + "/in.safetensors")
+    >>> with SafetensorsFile(d + "/in.safetensors") as source:
+    ...     write_item(d + "/ckpt", Plan.identity(source), source)
+    >>> restore(d + "/ckpt")["w"].tolist()
+    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    """
+    item = StreamedItem(plan, source, progress)
+    save(directory, item, force=force, inputs=inputs)
+    for entry in plan.entries:  # Zero-size arrays are recorded, not written.
+        if 0 in entry.info.shape:
+            item.report(entry)

@@ -2,7 +2,8 @@
 
 Arrays are read one at a time (see :mod:`._read`), so besides the result
 memory holds nothing of the model; the streaming variant writes a
-``.safetensors`` file a block at a time and never holds a whole array.
+``.safetensors`` file one array at a time, reading the next while it writes
+one, and never holds more than about two arrays.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import Any
 import numpy as np
 
 from jaxshare._alias import AliasMap
-from jaxshare._dtype import cast_to, float_dtype, numpy_dtype
+from jaxshare._dtype import float_dtype
 from jaxshare._perm import Perm
+from jaxshare._plan import Plan, PlanEntry
 from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
-from jaxshare.formats import ALIAS_MAP_KEY, TensorSpec, find_item, write_safetensors
+from jaxshare.checkpoint._source import CheckpointSource
+from jaxshare.formats import ALIAS_MAP_KEY, find_item, write_plan
 
 __all__ = ["consolidate", "consolidate_to_safetensors"]
 
@@ -78,9 +81,10 @@ def consolidate_to_safetensors(
     of its own (read again from its canonical, transposed where it has a
     transform), so any safetensors reader gets the full flat dict; the alias
     map is also in the file's metadata under ``"jaxshare.alias_map"`` (the JSON
-    of :meth:`jaxshare.AliasMap.to_json`). Arrays are streamed in blocks of
-    about 16 MiB, so memory stays flat however large the model or its largest
-    array. The file appears only once complete.
+    of :meth:`jaxshare.AliasMap.to_json`). Each array is read whole (its
+    storage chunks decoded in parallel) while the one before is written, so
+    memory holds about two arrays, however large the model. The file appears
+    only once complete.
 
     Args:
       directory: an item directory, or a step directory with one jaxshare item.
@@ -103,26 +107,19 @@ def consolidate_to_safetensors(
     >>> sorted(load_file(ckpt + ".safetensors"))
     ['head/kernel', 'wte/embedding']
     """
-    cast = float_dtype(dtype)
     item = _open_arrays(directory)
+    source = CheckpointSource(item, dtype=float_dtype(dtype))
     amap = item.alias_map
-    sources = {name: _source(amap, name) for name in sorted([*item.stored, *amap])}
-    specs = [
-        TensorSpec(
-            name,
-            item.stored[canonical].permuted(perm).shape,
-            cast_to(numpy_dtype(item.stored[canonical].dtype), cast),
-        )
-        for name, (canonical, perm) in sources.items()
-    ]
+    entries = []
+    for name in sorted([*item.stored, *amap]):
+        canonical, perm = _source(amap, name)
+        entries.append(PlanEntry(name, canonical, perm, source.infos[canonical].permuted(perm)))
+    # Aliases are entries of their own (written out), so the plan itself has no ties.
+    plan = Plan(tuple(entries), AliasMap())
     metadata = {ALIAS_MAP_KEY: amap.to_json()}
-    reader = LeafReader(item, dtype=cast)
-    with write_safetensors(path, specs, metadata, force=force, inputs=[item.directory]) as write:
-        pairs = zip(specs, sources.values(), strict=True)
-        for done, (spec, (canonical, perm)) in enumerate(pairs, start=1):
-            write(reader.blocks(canonical, perm))
-            if progress is not None:
-                progress(done, len(specs), spec.name, spec.nbytes)
+    write_plan(
+        path, plan, source, metadata, force=force, inputs=[item.directory], progress=progress
+    )
 
 
 def _source(amap: AliasMap, name: str) -> tuple[str, Perm | None]:

@@ -26,6 +26,7 @@ from jaxshare.checkpoint._item import open_item
 from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
+from jaxshare.checkpoint._stream import StreamedItem
 from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
@@ -68,6 +69,7 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
                 "they agree on the alias map; `active_processes` is not supported."
             )
         self._primary_host = multiprocessing_options.primary_host
+        self._multiprocessing_options = multiprocessing_options
         self._standard = ocp.StandardCheckpointHandler(
             multiprocessing_options=multiprocessing_options
         )
@@ -81,8 +83,8 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         self, directory: epath.Path, args: SharedSave
     ) -> list[ocp.future.Future] | None:
         """Starts saving ``args.item``; the returned futures finish the commit."""
-        standard_args, files = self._prepare(directory, args)
-        futures = list(await self._standard.async_save(directory, args=standard_args) or [])
+        writer, orbax_args, files = self._prepare(directory, args)
+        futures = list(await writer.async_save(directory, args=orbax_args) or [])
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
                 self._write_alias_map(directory, files), name="jaxshare_alias_map"
@@ -92,23 +94,30 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     def save(self, directory: epath.Path, args: SharedSave) -> None:
         """Saves synchronously into an existing (temporary) directory."""
-        standard_args, files = self._prepare(directory, args)
-        self._standard.save(directory, args=standard_args)
+        writer, orbax_args, files = self._prepare(directory, args)
+        writer.save(directory, args=orbax_args)
         if ocp.multihost.is_primary_host(self._primary_host):
             write_alias_map(directory, files)
 
     def _prepare(
         self, directory: epath.Path, args: SharedSave
-    ) -> tuple[ocp.args.StandardSave, dict[str, str]]:
-        """The Orbax save of the unique tree, and the JSON files of its ties."""
+    ) -> tuple[Any, ocp.args.CheckpointArgs, dict[str, str]]:
+        """The Orbax handler that writes the unique tree, its args, and the JSON
+        files of the ties."""
         if not isinstance(args, SharedSave):
             raise TypeError(
                 f"SharedCheckpointHandler saves `SharedSave(item)`, got {type(args).__name__}."
             )
-        unique, alias_map = _split(args.item)
         where = _final_path(directory)
+        if isinstance(args.item, StreamedItem):  # `write_item`: arrays made as they are written.
+            alias_map = args.item.alias_map
+            stored, empty = args.item.split()
+            writer = args.item.handler(multiprocessing_options=self._multiprocessing_options)
+        else:
+            unique, alias_map = _split(args.item)
+            stored, empty = split_empty(unique)
+            writer = self._standard
         check_same_on_all_processes(alias_map, where=where)
-        stored, empty = split_empty(unique)
         if not jax.tree_util.tree_leaves(stored):
             raise ValueError(
                 f"{where}: `item` holds no non-empty array or scalar to store (Orbax "
@@ -117,11 +126,15 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         custom = {EMPTY_ARRAYS_KEY: {p: e.to_json() for p, e in empty.items()}} if empty else None
         # Chunked storage lets `consolidate` read a large array a block at a time.
         chunked = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), stored)
-        standard = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
+        orbax_args: ocp.args.CheckpointArgs
+        if writer is self._standard:
+            orbax_args = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
+        else:
+            orbax_args = ocp.args.PyTreeSave(stored, save_args=chunked, custom_metadata=custom)
         files = {ALIAS_MAP_FILE: alias_map.to_json(indent=1)}
         if alias_map.naming is not None:
             files[NAMING_FILE] = alias_map.naming.to_json(indent=1)
-        return standard, files
+        return writer, orbax_args, files
 
     async def _write_alias_map(self, directory: epath.Path, files: dict[str, str]) -> None:
         # A commit future: runs once Orbax has created `directory` (the temporary one).

@@ -47,6 +47,7 @@ from jaxshare.formats._safetensors import is_safetensors_file
 from jaxshare.formats._safetensors import tie_metadata
 from jaxshare.formats._safetensors import read_header
 from jaxshare.formats._safetensors import save_plan
+from jaxshare.formats._safetensors import write_plan
 from jaxshare.formats._safetensors import write_safetensors
 from jaxshare.formats._torchfile import TORCH_SUFFIXES
 from jaxshare.formats._torchfile import WEIGHT_SUFFIXES
@@ -97,5 +98,6 @@ __all__ = [
     "shard_name",
     "shard_of",
     "tie_metadata",
+    "write_plan",
     "write_safetensors",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "tie_metadata",
     "read_header",
     "save_plan",
+    "write_plan",
     "write_safetensors",
 ]
 
@@ -508,9 +509,9 @@ def save_plan(
     """Writes the outputs of ``plan``, read from ``source`` one at a time, to a
     ``.safetensors`` file whose metadata records the plan's ties (and naming).
 
-    Memory holds about one tensor: each is read, cast and transposed as the plan
-    says, written, and dropped before the next. The file appears only when
-    complete.
+    Memory holds about two tensors: each is read, cast and transposed as the
+    plan says while the one before is written (:meth:`Plan.arrays`), and dropped
+    once written. The file appears only when complete.
 
     >>> import tempfile
     >>> from jaxshare import Plan
@@ -522,10 +523,25 @@ def save_plan(
     >>> read_header(d + "/out.safetensors").tensors["w"].dtype
     'bfloat16'
     """
-    specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
     meta = {"format": "pt", **(metadata or {}), **tie_metadata(plan.alias_map)}
-    with write_safetensors(path, specs, meta, force=force, inputs=inputs) as write:
-        for done, entry in enumerate(plan.entries, 1):
-            write(plan.blocks(source, entry))
-            if progress is not None:
-                progress(done, len(plan.entries), entry.name, entry.info.nbytes)
+    write_plan(path, plan, source, meta, force=force, inputs=inputs, progress=progress)
+
+
+def write_plan(
+    path: str | os.PathLike,
+    plan: Plan,
+    source: TensorSource,
+    metadata: Mapping[str, str],
+    *,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """Writes the entries of ``plan`` with exactly ``metadata`` (:func:`save_plan`
+    adds the plan's ties to it): the streaming writer under every
+    ``.safetensors`` output."""
+    specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
+    with write_safetensors(path, specs, metadata, force=force, inputs=inputs) as write:
+        for _, array in plan.arrays(source, progress):
+            write((array,))
+            del array  # Before the next is read.

@@ -25,6 +25,7 @@ import torch
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
+from jaxshare.checkpoint._read import LeafReader
 from jaxshare.cli import main
 from jaxshare.formats import read_header
 
@@ -427,11 +428,14 @@ def test_a_missing_parent_is_created_on_every_route(tmp_path, capsys):
 def test_a_failed_write_removes_the_parents_it_created(tmp_path, capsys, monkeypatch):
     src = write_item(tmp_path / "ckpt")
 
-    def full_disk(self, *args):
-        yield np.zeros(1, np.float32)
-        raise OSError(28, "No space left on device")
+    read = LeafReader.read
 
-    monkeypatch.setattr("jaxshare.checkpoint._read.LeafReader.blocks", full_disk)
+    def full_disk(self, path):  # The first array is written; the disk fills up after.
+        if path != "b":
+            raise OSError(28, "No space left on device")
+        return read(self, path)
+
+    monkeypatch.setattr(LeafReader, "read", full_disk)
     assert main(["convert", "--quiet", str(src), str(tmp_path / "x/y/o.safetensors")]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -1,0 +1,329 @@
+"""Streaming conversions against the in-memory pipeline a user writes by hand.
+
+A GPT-2-like model in PyTorch names and layout (Linear weights ``(out, in)``,
+``lm_head.weight`` tied to ``transformer.wte.weight`` and stored once, the tie
+in the file's ``jaxshare.alias_map`` metadata), float32, generated with numpy
+into a temporary directory: by default width 1536, 20 blocks, vocabulary 50257
+(~2.6 GB; the largest tensor, the embedding, ~0.31 GB). Three conversions, each
+run by jaxshare and by its hand-written peer, each in a fresh process measured
+by ``shared/tools/peakmem`` (peak RssAnon + RssShmem of the process tree; pages
+of mapped files do not count):
+
+* **safetensors -> Orbax**: ``jaxshare convert model.safetensors ckpt``
+  (``bridge.flax_plan`` + ``checkpoint.write_item``) against
+  ``safetensors.numpy.load_file`` + renames and transposes (the same plan) +
+  ``ocp.StandardCheckpointer().save(...)`` + ``wait_until_finished()``. Both
+  write the same unique tree (the tied head once).
+* **Orbax -> safetensors (Flax names)**: ``jaxshare convert ckpt out.safetensors``
+  (``consolidate_to_safetensors``: every path, the tied head written out
+  transposed) against ``ocp.StandardCheckpointer().restore(ckpt)`` + the head
+  as ``wte.T`` + ``safetensors.numpy.save_file``.
+* **Orbax -> safetensors (PyTorch names)**: ``jaxshare convert ckpt out.safetensors
+  --names torch`` (``bridge.torch_plan`` + ``save_plan``, the tie stored once)
+  against ``restore`` + renames and transposes + ``save_file``.
+
+Both sides of the way back read the same item (written by jaxshare). Rounds
+alternate who goes first (ours, peer, peer, ours, ...), ``sync`` runs before
+each process, and the table gives, per conversion, the medians over rounds of
+each side's figures and of the paired ratios (ours / peer). ``time`` is the
+whole process (start-up and imports included, as a user runs it); ``work`` the
+conversion alone, each process timing itself after its imports (jaxshare's
+includes importing the PyTorch bridge, which its route needs). Goals: peak
+anonymous memory <= 2 x the largest tensor + 400 MB; time <= 1.0x the peer.
+
+Run (about 10 GB of free disk under ``--dir``, 8 GB of memory for the peers)::
+
+    python benchmarks/stream_convert.py            # --rounds 3
+    python benchmarks/stream_convert.py --quick    # a small smoke run
+
+Prints a table; a missed goal is reported, and the exit status is 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# shared/tools/peakmem: in the checkout, or beside it (a worktree under /work/wt).
+PEAKMEM = (
+    next(
+        (
+            p
+            for p in (ROOT / "shared", ROOT.parent.parent / "shared")
+            if (p / "tools/peakmem").exists()
+        ),
+        ROOT / "shared",
+    )
+    / "tools"
+    / "peakmem"
+)
+MB = 2**20
+GOAL_TIME = 1.0
+GOAL_OVERHEAD_MB = 400
+
+
+# --- the model ------------------------------------------------------------
+
+
+def model_specs(vocab: int, width: int, blocks: int, context: int) -> list[tuple[str, tuple]]:
+    """``(name, shape)`` of a GPT-2-like state dict with Linear layouts; the tied
+    ``lm_head.weight`` is not among them (stored once, as its embedding)."""
+    d = width
+    specs = [("transformer.wte.weight", (vocab, d)), ("transformer.wpe.weight", (context, d))]
+    for i in range(blocks):
+        p = f"transformer.h.{i}."
+        specs += [
+            (p + "ln_1.weight", (d,)),
+            (p + "ln_1.bias", (d,)),
+            (p + "attn.c_attn.weight", (3 * d, d)),
+            (p + "attn.c_attn.bias", (3 * d,)),
+            (p + "attn.c_proj.weight", (d, d)),
+            (p + "attn.c_proj.bias", (d,)),
+            (p + "ln_2.weight", (d,)),
+            (p + "ln_2.bias", (d,)),
+            (p + "mlp.c_fc.weight", (4 * d, d)),
+            (p + "mlp.c_fc.bias", (4 * d,)),
+            (p + "mlp.c_proj.weight", (d, 4 * d)),
+            (p + "mlp.c_proj.bias", (d,)),
+        ]
+    return specs + [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
+
+
+def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
+    """Writes the model one tensor at a time (random float32, which compresses
+    as little as real weights)."""
+    import numpy as np
+
+    from jaxshare import AliasMap
+    from jaxshare.formats import TensorSpec, tie_metadata, write_safetensors
+
+    rng = np.random.default_rng(0)
+    tie = AliasMap({"lm_head.weight": "transformer.wte.weight"})
+    tensors = [TensorSpec(n, s, np.dtype("float32")) for n, s in specs]
+    with write_safetensors(path, tensors, {"format": "pt", **tie_metadata(tie)}) as write:
+        for spec in tensors:
+            write((rng.random(spec.shape, dtype=np.float32) - 0.5,))
+
+
+def write_plans(model: Path, ckpt: Path, out: Path) -> None:
+    """The layouts jaxshare decides, for the peers to apply by hand: PyTorch name ->
+    (Flax path, transposed) one way, Flax path -> (PyTorch name, transposed) the
+    other, and the ties."""
+    import bridge
+    from jaxshare import checkpoint
+    from jaxshare.formats import SafetensorsFile
+
+    with SafetensorsFile(model) as source:
+        plan = bridge.flax_plan(source)
+    to_flax = {e.source: [e.name, e.perm is not None] for e in plan.entries}
+    with checkpoint.open_source(ckpt) as source:
+        back = bridge.torch_plan(source)
+        amap = source.ties
+    to_torch = {e.source: [e.name, e.perm is not None] for e in back.entries}
+    ties = {a: [c, amap.transform(a) is not None] for a, c in amap.items()}
+    out.write_text(json.dumps({"to_flax": to_flax, "to_torch": to_torch, "ties": ties}))
+
+
+# --- the processes measured ------------------------------------------------
+
+
+def _nest(flat: dict) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, last = path.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def child(op: str, side: str, src: str, dst: str, plans: str) -> None:
+    """One measured conversion; prints ``{"work_s": ...}`` (time after imports)."""
+    import numpy as np
+
+    if side == "ours":
+        import jaxshare.checkpoint  # noqa: F401 -- imports not timed, as for the peer
+        from jaxshare.cli._convert import convert
+
+        if op != "flax":
+            import bridge  # noqa: F401 -- this route needs it (and PyTorch)
+
+        start = time.perf_counter()
+        convert(src, dst, names="torch" if op == "torch" else None)
+        print(json.dumps({"work_s": time.perf_counter() - start}))
+        return
+    import orbax.checkpoint as ocp
+    from safetensors.numpy import load_file, save_file
+
+    layout = json.loads(Path(plans).read_text())
+    start = time.perf_counter()
+    if op == "orbax":
+        flat = load_file(src)
+        tree = {}
+        for name, (path, transposed) in layout["to_flax"].items():
+            tree[path] = flat.pop(name).T if transposed else flat.pop(name)
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(Path(dst).absolute(), _nest(tree))
+        checkpointer.wait_until_finished()
+    else:
+        restored = ocp.StandardCheckpointer().restore(Path(src).absolute())
+        flat = {k: np.asarray(v) for k, v in _flatten(restored).items()}
+        out = {}
+        if op == "flax":
+            out = flat
+            for alias, (canonical, transposed) in layout["ties"].items():
+                value = flat[canonical]
+                out[alias] = np.ascontiguousarray(value.T) if transposed else value
+        else:
+            for path, (name, transposed) in layout["to_torch"].items():
+                value = flat.pop(path)
+                out[name] = np.ascontiguousarray(value.T) if transposed else value
+        save_file(out, dst, metadata={"format": "pt"})
+    print(json.dumps({"work_s": time.perf_counter() - start}))
+
+
+def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:
+    """Runs one conversion in a fresh process under peakmem; its figures."""
+    if dst.exists():
+        shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+    os.sync()  # The previous run's write-back must not land on this one.
+    cmd = [sys.executable, __file__, "--child", op, side, str(src), str(dst), str(plans)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, str(PEAKMEM), "--json", "--", *cmd],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    work = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not stats or not work:
+        raise RuntimeError(f"{side} {op} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
+    return {**stats[-1], **work[-1]}
+
+
+# --- the run ----------------------------------------------------------------
+
+
+OPS = {
+    "orbax": "safetensors -> Orbax",
+    "flax": "Orbax -> safetensors (Flax names)",
+    "torch": "Orbax -> safetensors (PyTorch names)",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--width", type=int, default=1536)
+    ap.add_argument("--blocks", type=int, default=20)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the temporary files go")
+    ap.add_argument("--quick", action="store_true", help="a small model, one round")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    if args.quick:
+        args.vocab, args.width, args.blocks, args.rounds = 5000, 256, 2, 1
+    specs = model_specs(args.vocab, args.width, args.blocks, args.context)
+    sizes = [4 * int(__import__("math").prod(s)) for _, s in specs]
+    largest, total = max(sizes), sum(sizes)
+    goal_mb = (2 * largest) / MB + GOAL_OVERHEAD_MB
+    root = Path(tempfile.mkdtemp(prefix="stream_convert_", dir=args.dir))
+    try:
+        model, ref, plans = root / "model.safetensors", root / "ref_ckpt", root / "plans.json"
+        write_model(model, specs)
+        subprocess.run(
+            [sys.executable, "-m", "jaxshare.cli", "convert", str(model), str(ref)],
+            check=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+        )
+        write_plans(model, ref, plans)
+        inputs = {"orbax": model, "flax": ref, "torch": ref}
+        outputs = {"orbax": "ckpt", "flax": "out.safetensors", "torch": "out.safetensors"}
+        results: dict[str, dict[str, list[dict]]] = {op: {"ours": [], "peer": []} for op in OPS}
+        loads = [os.getloadavg()]
+        for r in range(args.rounds):
+            for op in OPS:
+                order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
+                for side in order:
+                    dst = root / f"{side}_{outputs[op]}"
+                    results[op][side].append(measure(op, side, inputs[op], dst, plans))
+                    shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+            loads.append(os.getloadavg())
+        report(args, results, largest, total, goal_mb, loads)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(args, results, largest: int, total: int, goal_mb: float, loads) -> None:
+    med = statistics.median
+    print(
+        f"\nModel: width {args.width}, {args.blocks} blocks, vocabulary {args.vocab}, "
+        f"float32: {total / MB:.0f} MiB in {len(model_specs(1, 1, args.blocks, 1))} tensors, "
+        f"largest {largest / MB:.0f} MiB; {args.rounds} round(s), peers alternating."
+    )
+    print(
+        f"Goals: peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
+        f"time <= {GOAL_TIME:.1f}x the peer. Load average (1 min) during the run: "
+        + ", ".join(f"{la[0]:.1f}" for la in loads)
+        + f" on {os.cpu_count()} CPUs.\n"
+    )
+    head = (
+        f"{'conversion':38} {'side':5} {'peak anon MiB':>13} {'time s':>7} {'work s':>7}"
+        f"  {'time ratio':>10} {'work ratio':>10}  verdict"
+    )
+    print(head)
+    print("-" * len(head))
+    for op, name in OPS.items():
+        ours, peer = results[op]["ours"], results[op]["peer"]
+        ratio_t = med(o["wall_s"] / p["wall_s"] for o, p in zip(ours, peer, strict=True))
+        ratio_w = med(o["work_s"] / p["work_s"] for o, p in zip(ours, peer, strict=True))
+        mem = med(o["peak_anon_mb"] for o in ours)
+        misses = []
+        if mem > goal_mb:
+            misses.append(f"memory MISSED by {mem - goal_mb:.0f} MiB")
+        if ratio_t > GOAL_TIME:
+            misses.append(f"time MISSED by {ratio_t - GOAL_TIME:.2f}")
+        for side, runs in (("ours", ours), ("peer", peer)):
+            line = (
+                f"{name if side == 'ours' else '':38} {side:5} "
+                f"{med(x['peak_anon_mb'] for x in runs):13.0f} "
+                f"{med(x['wall_s'] for x in runs):7.2f} {med(x['work_s'] for x in runs):7.2f}"
+            )
+            if side == "ours":
+                verdict = "; ".join(misses) or "met"
+                line += f"  {ratio_t:10.2f} {ratio_w:10.2f}  {verdict}"
+            print(line)
+    print(
+        "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
+        "work: after imports; ratios: medians of per-round ours/peer."
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""Streaming conversions: ``write_item`` writes the item ``save`` writes, one array
+at a time; ``save_plan`` and ``ReadAhead`` hold about two arrays, never the model."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import save_file
+
+import bridge
+from jaxshare import AliasMap, ArrayInfo, Plan, PlanEntry, TensorSource, Tied
+from jaxshare import checkpoint as jc
+from jaxshare._paths import flatten_with_paths, render
+from jaxshare._plan import ReadAhead
+from jaxshare.formats import SafetensorsFile, read_header, save_plan
+
+# --- fixtures -----------------------------------------------------------------
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+    return {render(p): leaf for p, leaf in flatten_with_paths(tree)}
+
+
+def _assert_bit_exact(got: Any, want: Any) -> None:
+    """Same paths; per path the same shape, dtype, bytes and kind (``jax.Array`` or not)."""
+    got, want = _flat(got), _flat(want)
+    assert sorted(got) == sorted(want)
+    for path, w in want.items():
+        g = got[path]
+        g_arr, w_arr = np.asarray(g), np.asarray(w)
+        assert (g_arr.shape, g_arr.dtype) == (w_arr.shape, w_arr.dtype), path
+        assert g_arr.tobytes() == w_arr.tobytes(), path
+        assert isinstance(g, jax.Array) == isinstance(w, jax.Array), path
+
+
+def _unique_tree(plan: Plan, source: TensorSource) -> dict:
+    """What a user holding the whole model would ``save``: each output array as a
+    ``jax.Array`` (8-byte ones as numpy arrays, which JAX would narrow)."""
+    tree: dict = {}
+    for entry in plan.entries:
+        array = np.array(plan.array(source, entry))
+        node = tree
+        *parents, last = entry.name.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = array if array.dtype.itemsize >= 8 else jnp.asarray(array)
+    return tree
+
+
+@pytest.fixture
+def torch_file(tmp_path: Path) -> Path:
+    """A PyTorch-named safetensors file: a tied head (recorded in the metadata),
+    Linear weights to transpose, bf16, int64 and zero-size tensors."""
+    rng = np.random.default_rng(0)
+    tensors = {
+        "wte.weight": rng.standard_normal((11, 4), dtype=np.float32),
+        "h.0.attn.weight": rng.standard_normal((6, 4), dtype=np.float32),
+        "h.0.attn.bias": rng.standard_normal(6).astype(ml_dtypes.bfloat16),
+        "h.0.ln.weight": np.ones(4, ml_dtypes.bfloat16),
+        "h.0.empty.bias": np.zeros((0,), np.float32),
+        "h.0.empty.weight": np.zeros((0, 4), ml_dtypes.bfloat16),
+        "steps": np.array([2**40, 3], np.int64),
+    }
+    tie = AliasMap({"lm_head.weight": "wte.weight"})
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, path, metadata={"format": "pt", "jaxshare.alias_map": tie.to_json()})
+    return path
+
+
+class CountingSource(TensorSource):
+    """Tensors made on demand, each tracked until it is freed: how many bytes the
+    arrays read and not yet freed hold, at most, and how many reads there were."""
+
+    kind = "counting"
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.infos = {n: ArrayInfo(s, "float32") for n, s in shapes.items()}
+        self.reads: list[str] = []
+        self.alive = self.peak = 0
+        self._lock = threading.Lock()
+
+    def read(self, name: str) -> np.ndarray:
+        info = self.infos[name]
+        array = np.full(info.shape, len(self.reads), np.float32)
+        with self._lock:
+            self.reads.append(name)
+            self.alive += array.nbytes
+            self.peak = max(self.peak, self.alive)
+        weakref.finalize(array, self._freed, array.nbytes)
+        return array
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.alive -= nbytes
+
+
+def _many(n: int = 12, rows: int = 256) -> dict[str, tuple[int, ...]]:
+    """``n`` tensors of 256 KiB each, in Flax paths."""
+    return {f"params/layer_{i:02d}/kernel": (rows, 256) for i in range(n)}
+
+
+# --- write_item is save, streamed ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16", "float32"])
+def test_write_item_writes_what_save_writes(
+    torch_file: Path, tmp_path: Path, dtype: str | None
+) -> None:
+    with SafetensorsFile(torch_file) as source:
+        plan = bridge.flax_plan(source).cast(dtype)
+        assert any(e.perm is not None for e in plan.entries)  # Transposed kernels.
+        assert plan.alias_map.transform("params/lm_head/kernel") == (1, 0)
+        jc.write_item(tmp_path / "streamed", plan, source)
+        jc.save(tmp_path / "saved", Tied(_unique_tree(plan, source), plan.alias_map))
+    streamed, saved = jc.restore(tmp_path / "streamed"), jc.restore(tmp_path / "saved")
+    _assert_bit_exact(streamed, saved)
+    assert streamed["params"]["lm_head"]["kernel"].shape == (4, 11)
+    assert jc.read_alias_map(tmp_path / "streamed") == jc.read_alias_map(tmp_path / "saved")
+    assert jc.read_alias_map(tmp_path / "streamed").naming == plan.alias_map.naming
+    assert plan.alias_map.naming is not None
+    flat = _flat(streamed)
+    assert flat["params/h/0/empty/kernel"].shape == (4, 0)  # Zero-size, transposed.
+    assert flat["params/steps"].dtype == np.int64 and int(flat["params/steps"][0]) == 2**40
+
+
+def test_plain_orbax_restores_the_unique_tree(torch_file: Path, tmp_path: Path) -> None:
+    with SafetensorsFile(torch_file) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(tmp_path / "streamed", plan, source)
+        jc.save(tmp_path / "saved", Tied(_unique_tree(plan, source), plan.alias_map))
+    with ocp.StandardCheckpointer() as checkpointer:
+        streamed = checkpointer.restore(tmp_path / "streamed")
+        saved = checkpointer.restore(tmp_path / "saved")
+    _assert_bit_exact(streamed, saved)  # jax.Arrays on the device saved from, as `save`.
+    assert "lm_head" not in streamed["params"]  # The tie is stored once.
+    assert isinstance(streamed["params"]["wte"]["embedding"], jax.Array)
+
+
+def test_write_item_restores_sharded_into_a_target(torch_file: Path, tmp_path: Path) -> None:
+    with SafetensorsFile(torch_file) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(tmp_path / "ckpt", plan, source)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    like = jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+            if isinstance(x, jax.Array)
+            else x
+        ),
+        jc.restore(tmp_path / "ckpt"),
+    )
+    like["params"]["h"]["0"]["attn"]["bias"] = jax.ShapeDtypeStruct(
+        (6,), jnp.bfloat16, sharding=sharding
+    )
+    got = jc.restore(tmp_path / "ckpt", like)
+    assert got["params"]["h"]["0"]["attn"]["bias"].sharding == sharding
+    assert got["params"]["lm_head"]["kernel"].shape == (4, 11)
+
+
+def test_write_item_holds_about_two_arrays_never_the_model(tmp_path: Path) -> None:
+    source = CountingSource(_many())
+    plan = Plan.identity(source)
+    largest = max(e.info.nbytes for e in plan.entries)
+    jc.write_item(tmp_path / "ckpt", plan, source)
+    assert sorted(source.reads) == sorted(source.infos)  # Each array read once.
+    assert source.peak <= 2 * largest < plan.nbytes / 4
+    restored = _flat(jc.restore(tmp_path / "ckpt"))
+    for i, name in enumerate(source.reads):
+        assert float(restored[name][0, 0]) == i
+
+
+def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path) -> None:
+    shapes = _many(8)
+    source = CountingSource(shapes)
+    plan = Plan(
+        tuple(PlanEntry(n, n, (1, 0), ArrayInfo(s[::-1], "bfloat16")) for n, s in shapes.items()),
+        AliasMap(),
+    )
+    jc.write_item(tmp_path / "ckpt", plan, source)
+    # Source arrays only: float32 copies freed once cast and transposed.
+    assert source.peak <= plan.budget(source)
+    assert _flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
+
+
+def test_large_arrays_are_written_in_blocks_of_whole_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaxshare.checkpoint import _handler, _stream
+
+    monkeypatch.setattr(_handler, "CHUNK_BYTES", 4 * 2**10)  # Rows of 256 float32: 1 KiB.
+    monkeypatch.setattr(_stream, "WRITE_BLOCK_BYTES", 10 * 2**10)
+    writes: list[tuple[int, int]] = []
+    real_write = _stream.ts.TensorStore.write
+
+    def spy(store: Any, source: Any, **kwargs: Any) -> Any:
+        if store.rank == 2:  # The array's writes (Orbax writes others too).
+            writes.append((store.domain[0].inclusive_min, store.domain[0].exclusive_max))
+        return real_write(store, source, **kwargs)
+
+    monkeypatch.setattr(_stream.ts.TensorStore, "write", spy)
+    source = CountingSource({"params/w": (37, 256)})
+    plan = Plan.identity(source)
+    jc.write_item(tmp_path / "streamed", plan, source)
+    streamed = list(writes)  # Not `save`'s.
+    jc.save(tmp_path / "saved", {"params": {"w": jnp.zeros((37, 256))}})
+    chunks = [
+        ocp.StandardCheckpointHandler().metadata(tmp_path / d).tree["params"]["w"].storage
+        for d in ("streamed", "saved")
+    ]
+    assert chunks[0].chunk_shape == chunks[1].chunk_shape  # Chunked as `save` chunks it.
+    rows = chunks[0].chunk_shape[0] * (10 * 2**10 // (chunks[0].chunk_shape[0] * 1024))
+    # Blocks of whole chunks, under 10 KiB, in order, each written after the one before.
+    assert streamed == [(start, min(start + rows, 37)) for start in range(0, 37, rows)]
+    assert len(streamed) > 1
+    assert np.array_equal(jc.restore(tmp_path / "streamed")["params"]["w"], np.zeros((37, 256)))
+
+
+def test_write_item_reports_each_array_once(torch_file: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, int, str]] = []
+    with SafetensorsFile(torch_file) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(
+            tmp_path / "ckpt", plan, source, progress=lambda d, t, n, b: seen.append((d, t, n))
+        )
+    assert [d for d, _, _ in seen] == list(range(1, len(plan.entries) + 1))
+    assert {t for _, t, _ in seen} == {len(plan.entries)}
+    assert sorted(n for _, _, n in seen) == sorted(e.name for e in plan.entries)
+
+
+class FailingSource(CountingSource):
+    def read(self, name: str) -> np.ndarray:
+        if len(self.reads) == 5:
+            raise OSError(f"disk error reading {name}")
+        return super().read(name)
+
+
+def test_a_failed_read_leaves_no_item_and_keeps_the_old_one(tmp_path: Path) -> None:
+    jc.save(tmp_path / "ckpt", {"old": jnp.ones(3)})
+    source = FailingSource(_many())
+    with pytest.raises(Exception, match="disk error"):
+        jc.write_item(tmp_path / "ckpt", Plan.identity(source), source, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert list(_flat(jc.restore(tmp_path / "ckpt"))) == ["old"]
+
+
+def test_a_failed_write_stops_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxshare.checkpoint import _stream
+
+    write = _stream._LeafHandler.write_array
+    calls: list[int] = []
+
+    async def full_disk(self: Any, array: np.ndarray, info: Any, arg: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        await write(self, array, info, arg)
+
+    monkeypatch.setattr(_stream._LeafHandler, "write_array", full_disk)
+    source = CountingSource(_many(40, rows=64))
+    plan = Plan.identity(source)
+    with pytest.raises(Exception, match="No space left"):
+        jc.write_item(tmp_path / "ckpt", plan, source)
+    assert list(tmp_path.iterdir()) == []
+    assert len(source.reads) < len(plan.entries)  # Stopped early, not at the end.
+
+
+def test_write_item_refuses_an_existing_item_without_force(tmp_path: Path) -> None:
+    jc.save(tmp_path / "ckpt", {"old": jnp.ones(3)})
+    source = CountingSource(_many(2))
+    with pytest.raises(FileExistsError, match="ckpt"):
+        jc.write_item(tmp_path / "ckpt", Plan.identity(source), source)
+    assert source.reads == []
+
+
+# --- the way back ---------------------------------------------------------------
+
+
+def test_save_plan_holds_about_two_arrays(tmp_path: Path) -> None:
+    source = CountingSource(_many())
+    plan = Plan.identity(source)
+    save_plan(tmp_path / "out.safetensors", plan, source)
+    assert source.peak <= 2 * max(e.info.nbytes for e in plan.entries) < plan.nbytes / 4
+    assert list(read_header(tmp_path / "out.safetensors").tensors) == list(source.infos)
+
+
+def test_a_checkpoint_source_streams_into_safetensors_in_torch_names(
+    torch_file: Path, tmp_path: Path
+) -> None:
+    with SafetensorsFile(torch_file) as source:
+        jc.write_item(tmp_path / "ckpt", bridge.flax_plan(source), source)
+    with jc.open_source(tmp_path / "ckpt") as source:
+        save_plan(tmp_path / "back.safetensors", bridge.torch_plan(source), source)
+    with SafetensorsFile(torch_file) as want, SafetensorsFile(tmp_path / "back.safetensors") as got:
+        assert set(got.infos) == set(want.infos)
+        assert dict(got.ties) == {"lm_head.weight": "wte.weight"}
+        for name in want.infos:
+            assert got.array(name).tobytes() == want.array(name).tobytes(), name
+
+
+def test_consolidating_a_streamed_item_gives_every_path(torch_file: Path, tmp_path: Path) -> None:
+    with SafetensorsFile(torch_file) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(tmp_path / "ckpt", plan, source)
+    jc.consolidate_to_safetensors(tmp_path / "ckpt", tmp_path / "flat.safetensors")
+    want = jc.consolidate(tmp_path / "ckpt")
+    with SafetensorsFile(tmp_path / "flat.safetensors") as got:
+        assert list(got.infos) == list(want)
+        for name, array in want.items():
+            assert got.array(name).tobytes() == np.ascontiguousarray(array).tobytes(), name
+
+
+# --- ReadAhead ---------------------------------------------------------------------
+
+
+def test_read_ahead_gives_values_in_order_within_its_budget() -> None:
+    held, peak, lock = [0], [0], threading.Lock()
+
+    def job(i: int) -> Any:
+        def make() -> int:
+            with lock:
+                held[0] += 1
+                peak[0] = max(peak[0], held[0])
+            return i
+
+        return make
+
+    with ReadAhead([(10, job(i)) for i in range(20)], budget=20) as ahead:
+        out = []
+        for value in ahead:
+            out.append(value)
+            with lock:
+                held[0] -= 1  # The caller is done with it once it asks for the next.
+    assert out == list(range(20))
+    assert peak[0] <= 2
+
+
+def test_read_ahead_runs_a_job_over_the_budget_alone() -> None:
+    with ReadAhead([(1, lambda: "a"), (100, lambda: "b"), (1, lambda: "c")], budget=10) as ahead:
+        assert list(ahead) == ["a", "b", "c"]
+
+
+def test_read_ahead_raises_a_job_error_to_the_caller() -> None:
+    def boom() -> int:
+        raise ValueError("bad tensor")
+
+    with ReadAhead([(1, lambda: 1), (1, boom), (1, lambda: 3)], budget=10) as ahead:
+        it = iter(ahead)
+        assert next(it) == 1
+        with pytest.raises(ValueError, match="bad tensor"):
+            next(it)
+
+
+def test_read_ahead_stops_when_closed() -> None:
+    started = []
+    gate = threading.Event()
+
+    def job(i: int) -> Any:
+        def make() -> int:
+            started.append(i)
+            gate.wait(5)
+            return i
+
+        return make
+
+    ahead = ReadAhead([(1, job(i)) for i in range(100)], budget=1)
+    gate.set()
+    assert next(iter(ahead)) == 0
+    ahead.close()  # Waits for the job under way, if any.
+    assert not ahead._thread.is_alive()
+    assert len(started) <= 2
+
+
+# --- several processes -----------------------------------------------------------
+
+
+def test_two_processes_write_one_item_read_by_the_primary_only(
+    run_processes: Any, tmp_path: Path
+) -> None:
+    import json
+
+    worker = Path(__file__).with_name("_streaming_worker.py")
+    results = []
+    for process, (status, output) in enumerate(run_processes(worker, str(tmp_path))):
+        assert status == 0, f"process {process} failed:\n{output[-4000:]}"
+        result = json.loads(output.strip().splitlines()[-1])
+        assert "crash" not in result, f"process {process} crashed:\n{result['crash']}"
+        results.append(result)
+    assert [r["reads"] for r in results] == [5, 0]  # Only the primary reads and writes.
+    for result in results:
+        assert result["alias_map"] == {"head/kernel": "layer_0/kernel"}
+        assert result["values_equal"] is True
+    written = [p.name for p in tmp_path.iterdir() if not p.name.endswith(".safetensors")]
+    assert written == ["ckpt"]  # No temporary left.
