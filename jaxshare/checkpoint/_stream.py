@@ -213,7 +213,7 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
     def typestr(self) -> str:
         return self._typestr
 
-    async def serialize(  # type: ignore[override]
+    async def serialize(
         self,
         values: Sequence[_Leaf],
         infos: Sequence[ocp.type_handlers.ParamInfo],
@@ -248,7 +248,8 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
         if array.ndim == 0:
             await store.write(array, can_reference_source_data_indefinitely=True)
             return
-        chunk_rows = store.chunk_layout.write_chunk.shape[0] or array.shape[0]
+        chunk_shape = store.chunk_layout.write_chunk.shape
+        chunk_rows = (chunk_shape[0] if chunk_shape else None) or array.shape[0]
         chunk_bytes = chunk_rows * (array.nbytes // array.shape[0])
         rows = chunk_rows * max(1, WRITE_BLOCK_BYTES // max(1, chunk_bytes))
         for start in range(0, array.shape[0], rows):
