@@ -49,12 +49,17 @@ def _strays(parent: Path, name: str) -> list[str]:
 
 
 def _written(parent: Path, name: str) -> int:
-    """Bytes written so far under the temporary names of ``name``."""
+    """Bytes written so far under the temporary names of ``name`` (files the writer
+    renames or removes while they are counted are skipped)."""
     total = 0
     for p in parent.iterdir():
         if p.name.startswith(f".{name}.jaxshare-tmp-"):
-            files = [p] if p.is_file() else list(p.rglob("*"))
-            total += sum(f.stat().st_size for f in files if f.is_file())
+            for root, _, files in os.walk(p) if p.is_dir() else [(parent, [], [p.name])]:
+                for f in files:
+                    try:
+                        total += os.stat(os.path.join(root, f)).st_size
+                    except FileNotFoundError:
+                        pass
     return total
 
 
