@@ -13,9 +13,7 @@ peers alternating over ``--rounds``:
 - ``file``: that state dict on disk. DeepSpeed: its state dict, then
   ``torch.save`` and ``fsync`` (its ``--safe_serialization`` crashes on the
   tie); ours: ``save_plan(path, Plan.identity(ckpt), ckpt)`` (``jaxshare convert``), streamed
-  (it fsyncs before renaming the file into place). Ours currently pays for
-  importing Orbax inside the call: the streaming writer lives in
-  ``jaxshare.checkpoint`` until the numpy-only formats layer exists.
+  (it fsyncs before renaming the file into place).
 - ``zero_to_fp32`` (for information): DeepSpeed's converter
   (``convert_zero_checkpoint_to_fp32_state_dict``, what ``zero_to_fp32.py``
   runs; no fsync) beside the same streamed safetensors file.
@@ -102,6 +100,9 @@ def child(peer: str, mode: str, root: str, out: str) -> None:
         from deepspeed.utils import zero_to_fp32
     else:
         import bridge
+        from jaxshare.formats import save_plan  # noqa: F401 -- its import is not the call's
+
+        bridge.DeepSpeedCheckpoint  # noqa: B018 -- bridge imports on first use: do it now
     t1 = time.perf_counter()
     if peer == "deepspeed" and mode == "dict":
         state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(root)

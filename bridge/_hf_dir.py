@@ -66,6 +66,8 @@ class HFDirectory(TensorSource):
     stored) is a warning, never an error.
     """
 
+    mapped = True  # blocks are views of mapped files or tensors in memory
+
     kind = "hf"
 
     def __init__(

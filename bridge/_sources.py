@@ -47,6 +47,8 @@ class StateDictSource(TensorSource):
       buffers: names of buffers, ``None`` when unknown (a plain state dict).
     """
 
+    mapped = True  # blocks are views of mapped files or tensors in memory
+
     kind = "state dict"
 
     def __init__(

@@ -144,6 +144,8 @@ class DeepSpeedCheckpoint(TensorSource):
     (torch.Size([31, 9]), torch.float32)
     """
 
+    mapped = True  # blocks are views of mapped files or tensors in memory
+
     kind = "deepspeed"
 
     def __init__(self, path: str | os.PathLike, /, *, tag: str | None = None) -> None:

@@ -51,6 +51,9 @@ class TensorSource(abc.ABC):
       parts: the files the source is made of, one line each, for reports.
       layers: ``{module prefix: layer kind}`` where the source knows the layer
         types (a module, a Hugging Face config); ``None`` otherwise.
+      mapped: whether :meth:`blocks` are views of memory the source already
+        holds (a mapped file, tensors in memory), so reading costs no copy and
+        a writer gains nothing by reading ahead.
     """
 
     path: Path | None = None
@@ -60,6 +63,7 @@ class TensorSource(abc.ABC):
     origins: Mapping[str, str] = {}
     parts: tuple[str, ...] = ()
     layers: Mapping[str, str | None] | None = None
+    mapped: bool = False
 
     @abc.abstractmethod
     def read(self, name: str) -> Any:

@@ -370,6 +370,8 @@ class SafetensorsFile(TensorSource):
     [3, 4, 5]
     """
 
+    mapped = True  # blocks are views of mapped files or tensors in memory
+
     kind = "safetensors"
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -542,6 +544,12 @@ def write_plan(
     ``.safetensors`` output."""
     specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
     with write_safetensors(path, specs, metadata, force=force, inputs=inputs) as write:
+        if source.mapped:  # Views of mapped memory, written as they are: no copy.
+            for done, entry in enumerate(plan.entries, 1):
+                write(plan.blocks(source, entry))
+                if progress is not None:
+                    progress(done, len(plan.entries), entry.name, entry.info.nbytes)
+            return
         for _, array in plan.arrays(source, progress):
             write((array,))
             del array  # Before the next is read.
