@@ -53,12 +53,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# shared/tools/peakmem: in the checkout, or beside it (a worktree under /work/wt).
+# shared/tools/peakmem: in the checkout, beside it, or beside a worktree's parent.
 PEAKMEM = (
     next(
         (
             p
-            for p in (ROOT / "shared", ROOT.parent.parent / "shared")
+            for p in (ROOT / "shared", ROOT.parent / "shared", ROOT.parent.parent / "shared")
             if (p / "tools/peakmem").exists()
         ),
         ROOT / "shared",
