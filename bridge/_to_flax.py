@@ -22,7 +22,7 @@ import torch
 from bridge._match import Slot, default_slot, place
 from bridge._names import Rule, Rules, TorchLeaf, as_rules, guess_kind, module_variants
 from bridge._shared import torch_aliases
-from bridge._sources import open_source
+from bridge._sources import StateDictSource, open_source
 from bridge._target import TargetTree, target_tree
 from bridge._tensors import (
     arrays_sharing_memory,
@@ -238,7 +238,10 @@ def _flax_arrays(
     # transpose, which XLA runs on its own threads), first, so they run while the
     # rest is done; what is read from a file is copied a few at a time.
     direct, tensors, queued = [], [], []
-    for key in plan.stored:
+    # Only tensors already in memory: reading another source's (a DeepSpeed
+    # parameter assembled from partitions) here would read it twice.
+    in_memory = isinstance(source, StateDictSource)
+    for key in plan.stored if in_memory else ():
         if shardings.get(plan.slots[key].path) is None:
             value = source.read(key)
             if shares_memory_as_array(value, plan.slots[key].perm):

@@ -21,31 +21,12 @@ import jaxshare
 from jaxshare import AliasMap, Tied, dedupe, find_shared
 from jaxshare import checkpoint as jc
 from jaxshare._alias import MAX_JSON_BYTES
-from jaxshare._paths import flatten_with_paths, render
 from jaxshare.checkpoint import _empty
 
 ALIAS_FILE = "jaxshare_alias_map.json"
 
 
-def flat(tree: Any) -> dict[str, Any]:
-    return {render(p): leaf for p, leaf in flatten_with_paths(tree)}
-
-
-def assert_bit_exact(got: Any, want: Any) -> None:
-    """Same paths, and per path the same shape, dtype, bytes and kind (``jax.Array`` or
-    not); tuples restore as lists and numpy scalars as 0-d arrays, as Orbax does."""
-    got, want = flat(got), flat(want)
-    assert sorted(got) == sorted(want)
-    for path, w in want.items():
-        g = got[path]
-        g_arr, w_arr = np.asarray(g), np.asarray(w)
-        assert (g_arr.shape, g_arr.dtype) == (w_arr.shape, w_arr.dtype), path
-        assert g_arr.tobytes() == w_arr.tobytes(), path
-        assert isinstance(g, jax.Array) == isinstance(w, jax.Array), path
-
-
-def assert_ties_are_identity(restored: Any, alias_map: AliasMap) -> None:
-    leaves = flat(restored)
+def assert_ties_are_identity(leaves: dict[str, Any], alias_map: AliasMap) -> None:
     for alias, canonical in alias_map.items():
         if alias_map.transform(alias) is None:
             assert leaves[alias] is leaves[canonical], alias
@@ -102,14 +83,16 @@ TREES: dict[str, Callable[[], dict]] = {
 
 
 @pytest.mark.parametrize("name", TREES)
-def test_round_trip_is_bit_exact_with_ties_as_identity(tmp_path: Path, name: str) -> None:
+def test_round_trip_is_bit_exact_with_ties_as_identity(
+    tmp_path: Path, name: str, flat, assert_bit_exact
+) -> None:
     tree = TREES[name]()
     jc.save(tmp_path / "ckpt", tree)
     restored = jc.restore(tmp_path / "ckpt")
     assert_bit_exact(restored, tree)
     alias_map = find_shared(tree)
     assert jc.read_alias_map(tmp_path / "ckpt") == alias_map
-    assert_ties_are_identity(restored, alias_map)
+    assert_ties_are_identity(flat(restored), alias_map)
 
 
 def test_pair_stores_the_tie_once(tmp_path: Path) -> None:
@@ -151,7 +134,9 @@ def test_layout_is_an_orbax_pytree_plus_the_alias_map_json(tmp_path: Path) -> No
     assert not [p for p in tmp_path.iterdir() if p.name != "ckpt"]  # No temporary leftovers.
 
 
-def test_plain_orbax_restores_a_jaxshare_item_as_the_unique_tree(tmp_path: Path) -> None:
+def test_plain_orbax_restores_a_jaxshare_item_as_the_unique_tree(
+    tmp_path: Path, assert_bit_exact
+) -> None:
     tree = _shared_module()
     jc.save(tmp_path / "ckpt", tree)
     plain = ocp.StandardCheckpointer().restore(tmp_path / "ckpt")
@@ -159,7 +144,7 @@ def test_plain_orbax_restores_a_jaxshare_item_as_the_unique_tree(tmp_path: Path)
     assert_bit_exact(plain, unique)
 
 
-def test_a_plain_orbax_checkpoint_restores_with_no_ties(tmp_path: Path) -> None:
+def test_a_plain_orbax_checkpoint_restores_with_no_ties(tmp_path: Path, assert_bit_exact) -> None:
     w = jnp.arange(3.0)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "plain", {"a": w, "b": w})
@@ -187,7 +172,9 @@ def test_save_rejects_an_item_with_nothing_to_store(tmp_path: Path) -> None:
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_a_train_state_with_tied_params_and_optimizer_state(tmp_path: Path) -> None:
+def test_a_train_state_with_tied_params_and_optimizer_state(
+    tmp_path: Path, assert_bit_exact
+) -> None:
     emb = jnp.arange(12.0).reshape(4, 3)
     amap = AliasMap({"lm_head/kernel": "wte/embedding"}, transforms={"lm_head/kernel": (1, 0)})
     params = Tied({"wte": {"embedding": emb}, "bias": jnp.ones(3)}, amap)
@@ -223,7 +210,9 @@ def _sharded_tree(mesh: Mesh) -> dict:
     return {"embed": w, "lm_head": w, "bias": jax.device_put(jnp.ones(8), NamedSharding(mesh, P()))}
 
 
-def test_restore_with_target_shards_as_asked_on_another_mesh(tmp_path: Path) -> None:
+def test_restore_with_target_shards_as_asked_on_another_mesh(
+    tmp_path: Path, assert_bit_exact
+) -> None:
     tree = {**_sharded_tree(Mesh(np.array(jax.devices()), ("x",))), "empty": jnp.zeros((0, 8))}
     jc.save(tmp_path / "ckpt", tree)
     other = Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("a", "b"))

@@ -19,27 +19,10 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, ArrayInfo, Plan, PlanEntry, TensorSource, Tied
 from jaxshare import checkpoint as jc
-from jaxshare._paths import flatten_with_paths, render
 from jaxshare._plan import ReadAhead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
 
 # --- fixtures -----------------------------------------------------------------
-
-
-def _flat(tree: Any) -> dict[str, Any]:
-    return {render(p): leaf for p, leaf in flatten_with_paths(tree)}
-
-
-def _assert_bit_exact(got: Any, want: Any) -> None:
-    """Same paths; per path the same shape, dtype, bytes and kind (``jax.Array`` or not)."""
-    got, want = _flat(got), _flat(want)
-    assert sorted(got) == sorted(want)
-    for path, w in want.items():
-        g = got[path]
-        g_arr, w_arr = np.asarray(g), np.asarray(w)
-        assert (g_arr.shape, g_arr.dtype) == (w_arr.shape, w_arr.dtype), path
-        assert g_arr.tobytes() == w_arr.tobytes(), path
-        assert isinstance(g, jax.Array) == isinstance(w, jax.Array), path
 
 
 def _unique_tree(plan: Plan, source: TensorSource) -> dict:
@@ -113,7 +96,7 @@ def _many(n: int = 12, rows: int = 256) -> dict[str, tuple[int, ...]]:
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16", "float32"])
 def test_write_item_writes_what_save_writes(
-    torch_file: Path, tmp_path: Path, dtype: str | None
+    torch_file: Path, tmp_path: Path, dtype: str | None, flat, assert_bit_exact
 ) -> None:
     with SafetensorsFile(torch_file) as source:
         plan = bridge.flax_plan(source).cast(dtype)
@@ -122,17 +105,19 @@ def test_write_item_writes_what_save_writes(
         jc.write_item(tmp_path / "streamed", plan, source)
         jc.save(tmp_path / "saved", Tied(_unique_tree(plan, source), plan.alias_map))
     streamed, saved = jc.restore(tmp_path / "streamed"), jc.restore(tmp_path / "saved")
-    _assert_bit_exact(streamed, saved)
+    assert_bit_exact(streamed, saved)
     assert streamed["params"]["lm_head"]["kernel"].shape == (4, 11)
     assert jc.read_alias_map(tmp_path / "streamed") == jc.read_alias_map(tmp_path / "saved")
     assert jc.read_alias_map(tmp_path / "streamed").naming == plan.alias_map.naming
     assert plan.alias_map.naming is not None
-    flat = _flat(streamed)
-    assert flat["params/h/0/empty/kernel"].shape == (4, 0)  # Zero-size, transposed.
-    assert flat["params/steps"].dtype == np.int64 and int(flat["params/steps"][0]) == 2**40
+    leaves = flat(streamed)
+    assert leaves["params/h/0/empty/kernel"].shape == (4, 0)  # Zero-size, transposed.
+    assert leaves["params/steps"].dtype == np.int64 and int(leaves["params/steps"][0]) == 2**40
 
 
-def test_plain_orbax_restores_the_unique_tree(torch_file: Path, tmp_path: Path) -> None:
+def test_plain_orbax_restores_the_unique_tree(
+    torch_file: Path, tmp_path: Path, assert_bit_exact
+) -> None:
     with SafetensorsFile(torch_file) as source:
         plan = bridge.flax_plan(source)
         jc.write_item(tmp_path / "streamed", plan, source)
@@ -140,7 +125,7 @@ def test_plain_orbax_restores_the_unique_tree(torch_file: Path, tmp_path: Path) 
     with ocp.StandardCheckpointer() as checkpointer:
         streamed = checkpointer.restore(tmp_path / "streamed")
         saved = checkpointer.restore(tmp_path / "saved")
-    _assert_bit_exact(streamed, saved)  # jax.Arrays on the device saved from, as `save`.
+    assert_bit_exact(streamed, saved)  # jax.Arrays on the device saved from, as `save`.
     assert "lm_head" not in streamed["params"]  # The tie is stored once.
     assert isinstance(streamed["params"]["wte"]["embedding"], jax.Array)
 
@@ -167,19 +152,19 @@ def test_write_item_restores_sharded_into_a_target(torch_file: Path, tmp_path: P
     assert got["params"]["lm_head"]["kernel"].shape == (4, 11)
 
 
-def test_write_item_holds_about_two_arrays_never_the_model(tmp_path: Path) -> None:
+def test_write_item_holds_about_two_arrays_never_the_model(tmp_path: Path, flat) -> None:
     source = CountingSource(_many())
     plan = Plan.identity(source)
     largest = max(e.info.nbytes for e in plan.entries)
     jc.write_item(tmp_path / "ckpt", plan, source)
     assert sorted(source.reads) == sorted(source.infos)  # Each array read once.
     assert source.peak <= 2 * largest < plan.nbytes / 4
-    restored = _flat(jc.restore(tmp_path / "ckpt"))
+    restored = flat(jc.restore(tmp_path / "ckpt"))
     for i, name in enumerate(source.reads):
         assert float(restored[name][0, 0]) == i
 
 
-def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path) -> None:
+def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path, flat) -> None:
     shapes = _many(8)
     source = CountingSource(shapes)
     plan = Plan(
@@ -189,7 +174,7 @@ def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path) -> N
     jc.write_item(tmp_path / "ckpt", plan, source)
     # Source arrays only: float32 copies freed once cast and transposed.
     assert source.peak <= plan.budget(source)
-    assert _flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
+    assert flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
 
 
 def test_large_arrays_are_written_in_blocks_of_whole_chunks(
@@ -244,13 +229,13 @@ class FailingSource(CountingSource):
         return super().read(name)
 
 
-def test_a_failed_read_leaves_no_item_and_keeps_the_old_one(tmp_path: Path) -> None:
+def test_a_failed_read_leaves_no_item_and_keeps_the_old_one(tmp_path: Path, flat) -> None:
     jc.save(tmp_path / "ckpt", {"old": jnp.ones(3)})
     source = FailingSource(_many())
     with pytest.raises(Exception, match="disk error"):
         jc.write_item(tmp_path / "ckpt", Plan.identity(source), source, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
-    assert list(_flat(jc.restore(tmp_path / "ckpt"))) == ["old"]
+    assert list(flat(jc.restore(tmp_path / "ckpt"))) == ["old"]
 
 
 def test_a_failed_write_stops_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
