@@ -1,17 +1,24 @@
 """jaxshare's PyTorch bridge: tied weights across PyTorch and Flax, nothing lost.
 
-``import bridge`` imports torch; ``import jaxshare`` never imports this package.
-The bridge builds on jaxshare's public API (``jaxshare``, ``jaxshare.formats``,
+``import bridge`` fails at once where torch is not installed, but imports
+neither torch nor JAX; ``import jaxshare`` never imports this package. The
+bridge builds on jaxshare's public API (``jaxshare``, ``jaxshare.formats``,
 ``jaxshare.checkpoint``) and its declared-internal ``jaxshare.internal``. Names
-are imported on first use: reading PyTorch files, directories and DeepSpeed
-folders into safetensors files needs no JAX, and does not import it.
+are imported on first use, each with what it needs: reading PyTorch files,
+directories and DeepSpeed folders into safetensors files needs no JAX, and
+naming an Orbax item's arrays in PyTorch (:func:`torch_plan`) needs no torch.
 """
 
+import importlib.util as _util
 import typing as _typing
 
-import torch as _torch  # noqa: F401 -- torch's door: fail on import, not on first use.
-
 from jaxshare.internal import exports as _exports
+
+if _util.find_spec("torch") is None:  # torch's door: fail on import, not on first use.
+    raise ModuleNotFoundError(
+        "torch is not installed; install it with `pip install 'jaxshare[torch]'`.",
+        name="torch",
+    )
 
 if _typing.TYPE_CHECKING:
     from bridge._names import DEFAULT_LAYERS as DEFAULT_LAYERS

@@ -32,6 +32,7 @@ __all__ = [
     "LAYOUTS",
     "Rule",
     "Rules",
+    "RulesArg",
     "Target",
     "TorchLeaf",
     "as_rules",
@@ -203,7 +204,10 @@ class Rules:
         object.__setattr__(self, "layer_names", MappingProxyType(dict(self.layer_names)))
 
 
-def as_rules(rules: Rules | Sequence[Rule] | None) -> Rules:
+RulesArg = Rules | Sequence[Rule] | None
+
+
+def as_rules(rules: RulesArg) -> Rules:
     """Accepts ``None`` (the defaults), a :class:`Rules`, or a sequence of :class:`Rule`."""
     if rules is None:
         return Rules()

@@ -11,15 +11,15 @@ decide, so every route gives the same names.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge._names import as_rules
-from bridge._sources import open_source
-from bridge._target import target_tree
-from bridge._to_flax import RulesArg, Source, plan_flax, torch_leaves
-from bridge._to_torch import plan_torch_names
+from bridge._names import RulesArg, as_rules
+from bridge._torch_naming import plan_torch_names
 from jaxshare import AliasMap, NamingRecord, Plan, PlanEntry, TensorSource
 from jaxshare.internal import compose, inverse
+
+if TYPE_CHECKING:
+    from bridge._to_flax import Source
 
 __all__ = ["flax_plan", "torch_plan"]
 
@@ -37,6 +37,11 @@ def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) ->
     params/wte/embedding wte.weight None
     params/lm_head/kernel lm_head.weight (1, 0)
     """
+    # PyTorch-named sources need torch; torch_plan below does not import it.
+    from bridge._sources import open_source
+    from bridge._target import target_tree
+    from bridge._to_flax import plan_flax, torch_leaves
+
     rules = as_rules(rules)
     opened = open_source(source, rules)
     ties = opened.ties

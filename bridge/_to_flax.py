@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from bridge._match import Slot, default_slot, place
-from bridge._names import Rule, Rules, TorchLeaf, as_rules, guess_kind, module_variants
+from bridge._names import Rules, RulesArg, TorchLeaf, as_rules, guess_kind, module_variants
 from bridge._shared import torch_aliases
 from bridge._sources import StateDictSource, open_source
 from bridge._target import TargetTree, target_tree
@@ -31,21 +31,18 @@ from bridge._tensors import (
     to_array,
 )
 from jaxshare import AliasMap, NamingRecord, ProgressFn, TensorSource
-from jaxshare.internal import Index, Perm, compose, inverse, permute_shape
+from jaxshare.internal import Index, Perm, compose, inverse, nest, permute_shape
 
 __all__ = [
     "FlaxPlan",
-    "RulesArg",
     "Source",
     "flax_alias_map",
     "flax_conversion",
-    "nest",
     "plan_flax",
     "to_flax",
     "torch_leaves",
 ]
 
-RulesArg = Rules | Sequence[Rule] | None
 Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
 
 
@@ -312,28 +309,6 @@ def _with_aliases(
             value = transposed[canonical, perm]
         out[alias] = value
     return out
-
-
-def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``{'a/b': x}`` -> ``{'a': {'b': x}}``, keeping order.
-
-    >>> nest({"params/a/kernel": 1, "params/b": 2})
-    {'params': {'a': {'kernel': 1}, 'b': 2}}
-    """
-    root: dict[str, Any] = {}
-    for path, value in flat.items():
-        *parents, last = path.split("/")
-        node = root
-        for i, part in enumerate(parents):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(
-                    f"{path!r} needs {'/'.join(parents[: i + 1])!r} to hold keys, but it is a leaf."
-                )
-        if last in node:
-            raise ValueError(f"{path!r} would be written twice.")
-        node[last] = value
-    return root
 
 
 def flax_conversion(

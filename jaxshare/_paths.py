@@ -22,6 +22,7 @@ __all__ = [
     "children",
     "flatten_with_paths",
     "keypath_to_path",
+    "nest",
     "render",
     "render_part",
     "split",
@@ -95,6 +96,32 @@ def render_part(part: Any, path: Path) -> str:
 def split(path: str) -> tuple[str, ...]:
     """Splits a rendered path into its string parts (the inverse of :func:`render`)."""
     return tuple(path.split(SEP))
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Rendered paths back to nested dicts, keeping order: ``{'a/b': x}`` ->
+    ``{'a': {'b': x}}``.
+
+    Raises:
+      ValueError: a path that runs through another path's leaf, or one given twice.
+
+    >>> nest({"params/a/kernel": 1, "params/b": 2})
+    {'params': {'a': {'kernel': 1}, 'b': 2}}
+    """
+    root: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, last = path.split(SEP)
+        node = root
+        for i, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(
+                    f"{path!r} needs {SEP.join(parents[: i + 1])!r} to hold keys, but it is a leaf."
+                )
+        if last in node:
+            raise ValueError(f"{path!r} would be written twice.")
+        node[last] = value
+    return root
 
 
 def _repr(path: Path) -> str:

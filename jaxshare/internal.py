@@ -20,6 +20,7 @@ from jaxshare._output import atomic_output
 from jaxshare._output import check_not_an_input
 from jaxshare._paths import Path
 from jaxshare._paths import keypath_to_path
+from jaxshare._paths import nest
 from jaxshare._paths import render
 from jaxshare._perm import Perm
 from jaxshare._perm import as_perm
@@ -51,6 +52,7 @@ __all__ = [
     "is_nnx_state",
     "is_variable",
     "keypath_to_path",
+    "nest",
     "permute_shape",
     "render",
     "transpose",

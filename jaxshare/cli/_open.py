@@ -33,10 +33,7 @@ def bridge() -> ModuleType:
     try:
         import bridge as module
     except ImportError as e:
-        raise CLIError(
-            f"PyTorch formats need the PyTorch bridge ({e}); install it with "
-            "`pip install 'jaxshare[torch]'`."
-        ) from e
+        raise CLIError(f"PyTorch formats need the PyTorch bridge: {e}") from e
     return module
 
 

@@ -59,3 +59,44 @@ def test_inspect_runs_without_torch(tmp_path, kind):
     assert done.returncode == 0, done.stderr
     assert "bridge imported: False" in done.stdout
     assert "2 arrays" in done.stdout or "3 arrays" in done.stdout
+
+
+def test_torch_names_of_an_orbax_item_need_no_torch(tmp_path):
+    """Naming an Orbax item's arrays in PyTorch reads metadata only: torch is not imported."""
+    emb = np.arange(40, dtype=np.float32).reshape(10, 4)
+    kernel = np.arange(12, dtype=np.float32).reshape(4, 3)
+    checkpoint.save(
+        tmp_path / "item", {"params": {"wte": {"embedding": emb}, "fc": {"kernel": kernel}}}
+    )
+    out = tmp_path / "out.safetensors"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom jaxshare.cli import main\n"
+            "status = main(sys.argv[1:])\n"
+            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(status)\n",
+            *("convert", str(tmp_path / "item"), str(out), "--names", "torch"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch imported: False" in done.stdout
+    from safetensors.numpy import load_file
+
+    written = load_file(out)
+    assert sorted(written) == ["fc.weight", "wte.weight"]
+    np.testing.assert_array_equal(written["wte.weight"], emb)
+    np.testing.assert_array_equal(written["fc.weight"], kernel.T)
+
+
+def test_pytorch_input_without_torch_is_one_line(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"not read: the bridge's door refuses first")
+    done = _run("inspect", str(path))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "torch is not installed" in lines[0] and "pip install 'jaxshare[torch]'" in lines[0]
