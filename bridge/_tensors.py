@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -39,7 +38,8 @@ __all__ = [
     "to_tensor",
 ]
 
-# torch dtype -> numpy dtype of the same bits. Types numpy lacks come from ml_dtypes.
+# torch dtype -> numpy dtype of the same bits. Types numpy lacks come from ml_dtypes,
+# imported (slowly: about a second) only when a tensor of such a type is met.
 _TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(np.bool_),
     torch.uint8: np.dtype(np.uint8),
@@ -55,17 +55,25 @@ _TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.float64: np.dtype(np.float64),
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
-    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
 }
-_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TO_NUMPY.items()}
+_ML_DTYPES = {
+    torch.bfloat16: "bfloat16",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+}
+_TO_TORCH: dict[str, torch.dtype] = {
+    **{v.name: k for k, v in _TO_NUMPY.items()},
+    **{v: k for k, v in _ML_DTYPES.items()},
+}
 # Same-width integer types, to move the bits of dtypes torch.from_numpy does not know.
 _BITS = {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16)}
-_EXOTIC = frozenset(
-    np.dtype(d) for d in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
-)
+_EXOTIC = frozenset(_ML_DTYPES.values())
 _WIDE = frozenset({torch.int64, torch.uint64, torch.float64, torch.complex128})
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype | None:
+    """The torch dtype with the same bits as numpy ``dtype``; ``None`` if none has."""
+    return _TO_TORCH.get(dtype.name) if dtype.isnative else None
 
 
 def numpy_dtype(dtype: torch.dtype, key: str = "?") -> np.dtype:
@@ -74,20 +82,25 @@ def numpy_dtype(dtype: torch.dtype, key: str = "?") -> np.dtype:
     >>> numpy_dtype(torch.bfloat16).name
     'bfloat16'
     """
-    try:
-        return _TO_NUMPY[dtype]
-    except KeyError:
-        raise TypeError(
-            f"{key!r} has dtype {dtype}, which jaxshare cannot carry to JAX bit-exactly; "
-            f"supported: {sorted(str(d).removeprefix('torch.') for d in _TO_NUMPY)}. "
-            "Cast it first (e.g. `tensor.float()`)."
-        ) from None
+    found = _TO_NUMPY.get(dtype)
+    if found is not None:
+        return found
+    if dtype in _ML_DTYPES:
+        import ml_dtypes
+
+        found = _TO_NUMPY[dtype] = np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
+        return found
+    supported = sorted(str(d).removeprefix("torch.") for d in [*_TO_NUMPY, *_ML_DTYPES])
+    raise TypeError(
+        f"{key!r} has dtype {dtype}, which jaxshare cannot carry to JAX bit-exactly; "
+        f"supported: {supported}. Cast it first (e.g. `tensor.float()`)."
+    )
 
 
 def numpy_view(t: torch.Tensor, key: str) -> np.ndarray:
     """A numpy array over the memory of CPU tensor ``t`` (no copy)."""
     dtype = numpy_dtype(t.dtype, key)
-    if dtype in _EXOTIC:  # bfloat16, float8: move the bits as integers of the same width.
+    if dtype.name in _EXOTIC:  # bfloat16, float8: move the bits as integers of the same width.
         return t.view(_BITS[dtype.itemsize][1]).numpy().view(dtype)
     return t.numpy()
 
@@ -152,7 +165,7 @@ def shares_memory_as_array(tensor: Any, perm: Perm | None) -> bool:
         and tensor.layout == torch.strided
         and tensor.is_contiguous()
         and tensor.dtype not in _WIDE
-        and tensor.dtype in _TO_NUMPY
+        and (tensor.dtype in _TO_NUMPY or tensor.dtype in _ML_DTYPES)
     )
 
 
@@ -248,7 +261,8 @@ def tensor_of(array: np.ndarray, perm: Perm | None = None, *, key: str = "?") ->
     torch.Size([3, 2])
     """
     dtype = array.dtype
-    if dtype not in _TO_TORCH:
+    torch_dtype = _torch_dtype(dtype)
+    if torch_dtype is None:
         raise TypeError(
             f"{key!r} has dtype {dtype}, which has no PyTorch equivalent; cast it first."
         )
@@ -257,19 +271,20 @@ def tensor_of(array: np.ndarray, perm: Perm | None = None, *, key: str = "?") ->
         t = torch.from_numpy(np.array(array, order="C"))
         return t if perm is None else t.permute(perm).contiguous()
     bits = array.view(np.dtype(f"u{dtype.itemsize}") if dtype.itemsize > 1 else np.uint8)
-    return _copy_bits(bits, perm).view(_TO_TORCH[dtype])
+    return _copy_bits(bits, perm).view(torch_dtype)
 
 
 def _from_numpy(a: np.ndarray, key: str) -> torch.Tensor:
     dtype = a.dtype
-    if dtype not in _TO_TORCH:
+    torch_dtype = _torch_dtype(dtype)
+    if torch_dtype is None:
         raise TypeError(
             f"{key!r} has dtype {dtype}, which has no PyTorch equivalent; cast it first."
         )
     if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d.)
         a = a.copy(order="C")
-    if dtype in _EXOTIC:
-        return torch.from_numpy(a.view(_BITS[dtype.itemsize][0])).view(_TO_TORCH[dtype])
+    if dtype.name in _EXOTIC:
+        return torch.from_numpy(a.view(_BITS[dtype.itemsize][0])).view(torch_dtype)
     return torch.from_numpy(a)
 
 

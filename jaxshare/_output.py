@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OutputKind", "atomic_output", "check_not_an_input", "destination_of", "remove_path"]
+__all__ = [
+    "OutputKind",
+    "atomic_output",
+    "check_not_an_input",
+    "destination_of",
+    "remove_path",
+    "start_writeback",
+]
 
 _TMP = ".jaxshare-tmp-"
 _OLD = ".jaxshare-old-"
@@ -294,6 +301,23 @@ def atomic_output(
         remove_path(tmp)
         if not done:
             _remove_empty(created)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Asks the kernel to start writing ``length`` bytes of ``fd`` from ``offset``
+    to disk now, without waiting, where the platform allows it.
+
+    A streaming writer calls it after each tensor, so the disk writes while the
+    next tensor is read, and the ``fsync`` before the rename has little left to
+    do. On Linux, ``POSIX_FADV_DONTNEED`` starts write-back of the range's dirty
+    pages (pages still dirty or being written stay cached); elsewhere this does
+    nothing.
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None or length <= 0:
+        return
+    with contextlib.suppress(OSError):  # Advice only: never a reason to fail a write.
+        advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 def _fsync_dir(path: Path) -> None:

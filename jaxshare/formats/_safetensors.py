@@ -34,7 +34,7 @@ import numpy as np
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._naming import NamingRecord
-from jaxshare._output import OutputKind, atomic_output
+from jaxshare._output import OutputKind, atomic_output, start_writeback
 from jaxshare._plan import Plan
 from jaxshare._progress import ProgressFn
 from jaxshare._report import ArrayInfo, TieReport
@@ -438,6 +438,10 @@ def _header_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> b
 SAFETENSORS = OutputKind("a .safetensors file", False, is_safetensors_file)
 
 
+#: tensors at least this large start their write-back as soon as they are written
+_WRITEBACK_MIN = 1 << 20
+
+
 @contextlib.contextmanager
 def write_safetensors(
     path: str | os.PathLike,
@@ -488,6 +492,9 @@ def write_safetensors(
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")
                 written += 1
+                if size >= _WRITEBACK_MIN:  # The disk writes it while the next is read.
+                    f.flush()
+                    start_writeback(f.fileno(), f.tell() - size, size)
 
             f.write(struct.pack("<Q", len(header)))
             f.write(header)

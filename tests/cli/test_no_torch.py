@@ -1,5 +1,7 @@
-"""``jaxshare --help`` and ``inspect`` of safetensors files and Orbax items run with torch
-absent (``sys.modules["torch"] = None`` makes any import of it fail), and never import it."""
+"""What commands import: ``jaxshare --help`` and ``inspect`` of safetensors files and Orbax
+items run with torch absent (``sys.modules["torch"] = None`` makes any import of it fail);
+naming an Orbax item in PyTorch imports no torch, and a DeepSpeed folder to safetensors
+neither JAX nor ml_dtypes."""
 
 from __future__ import annotations
 
@@ -100,3 +102,27 @@ def test_pytorch_input_without_torch_is_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "torch is not installed" in lines[0] and "pip install 'jaxshare[torch]'" in lines[0]
+
+
+def test_deepspeed_to_safetensors_imports_neither_jax_nor_ml_dtypes(repo_root, tmp_path):
+    """A float32 DeepSpeed folder to safetensors pays for neither JAX nor ml_dtypes
+    (about a second each to import)."""
+    out = tmp_path / "out.safetensors"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom jaxshare.cli import main\n"
+            "status = main(sys.argv[1:])\n"
+            "print('imported:', sorted(m for m in ('jax', 'ml_dtypes') if m in sys.modules))\n"
+            "sys.exit(status)\n",
+            *("convert", str(repo_root / "tests/data/deepspeed/gpt2_z3_w2_fp32"), str(out)),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "imported: []" in done.stdout
+    assert out.stat().st_size > 0
