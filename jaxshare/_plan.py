@@ -97,7 +97,10 @@ class Plan:
         """The output array of ``entry``: read from ``source``, cast, transposed
         into a new C-ordered array (or the source's own array where nothing
         changes)."""
-        x = source.array(entry.source)
+        return self._converted(source, entry, source.array(entry.source))
+
+    def _converted(self, source: TensorSource, entry: PlanEntry, x: np.ndarray) -> np.ndarray:
+        """``x``, the array of ``entry.source``, as ``entry`` wants it."""
         dtype = numpy_dtype(entry.info.dtype)
         if x.dtype != dtype:
             x = x.astype(dtype)
@@ -127,9 +130,24 @@ class Plan:
         :meth:`budget` bytes are held at once (see :class:`ReadAhead`): about
         two of the largest tensor, never the model. An array counts as held until
         the next one is asked for: a caller that drops it then (``del``) keeps
-        memory within the budget.
+        memory within the budget. Entries in a row with one source (a canonical
+        and an alias written out transposed) read it once.
         """
-        jobs = [(self.cost(source, e), partial(self.array, source, e)) for e in self.entries]
+        entries = self.entries
+        again = [i + 1 < len(entries) and entries[i + 1].source == e.source
+                 for i, e in enumerate(entries)]  # fmt: skip
+        kept: dict[str, np.ndarray] = {}  # The source array the next entry reads too.
+
+        def read(i: int) -> np.ndarray:
+            entry = entries[i]
+            x = kept.pop(entry.source, None)
+            if x is None:
+                x = source.array(entry.source)
+            if again[i]:  # (Counted in the next entry's cost, which holds it.)
+                kept[entry.source] = x
+            return self._converted(source, entry, x)
+
+        jobs = [(self.cost(source, e), partial(read, i)) for i, e in enumerate(entries)]
         with ReadAhead(jobs, self.budget(source)) as ahead:
             arrays = iter(ahead)  # No zip: it would keep the last array until the next.
             for done, entry in enumerate(self.entries, 1):

@@ -111,7 +111,13 @@ def consolidate_to_safetensors(
     source = CheckpointSource(item, dtype=float_dtype(dtype))
     amap = item.alias_map
     entries = []
-    for name in sorted([*item.stored, *amap]):
+    names = sorted([*item.stored, *amap])
+    # Each canonical with its aliases in a row (at its first name's place): the
+    # plan reads it once for all of them.
+    first: dict[str, int] = {}
+    for name in names:
+        first.setdefault(_source(amap, name)[0], len(first))
+    for name in sorted(names, key=lambda n: first[_source(amap, n)[0]]):
         canonical, perm = _source(amap, name)
         entries.append(PlanEntry(name, canonical, perm, source.infos[canonical].permuted(perm)))
     # Aliases are entries of their own (written out), so the plan itself has no ties.

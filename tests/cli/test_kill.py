@@ -65,8 +65,8 @@ def _written(parent: Path, name: str) -> int:
 
 def _kill_mid_write(argv: list[str], parent: Path, name: str, at_bytes: int) -> None:
     """Runs ``jaxshare`` and SIGKILLs it once ``at_bytes`` are written under the
-    output's temporary name (an Orbax write may buffer: then once the temporary
-    directory exists and a moment has passed)."""
+    output's temporary name (for an Orbax item, which may buffer: once its temporary
+    directory holds data, or exists and a moment has passed)."""
     with subprocess.Popen(
         [sys.executable, "-m", "jaxshare.cli", *argv],
         stdout=subprocess.DEVNULL,
@@ -81,7 +81,11 @@ def _kill_mid_write(argv: list[str], parent: Path, name: str, at_bytes: int) -> 
                 break
             if _strays(parent, name) and started is None:
                 started = time.monotonic()
-            if started is not None and not Path(name).suffix and time.monotonic() - started > 1:
+            if (
+                started is not None
+                and not Path(name).suffix
+                and (written > 0 or time.monotonic() - started > 0.2)
+            ):
                 break
             if proc.poll() is not None:
                 pytest.fail(f"convert ended before it was killed: {proc.stderr.read().decode()}")
