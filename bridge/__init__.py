@@ -33,7 +33,7 @@ if _typing.TYPE_CHECKING:
     from bridge._zero import load_deepspeed as load_deepspeed
     from bridge._safetensors import load_safetensors as load_safetensors
     from bridge._torchfile import load_torch as load_torch
-    from bridge._sources import open_source as open_source
+    from bridge._open import open_source as open_source
     from bridge._hf_save import save_hf as save_hf
     from bridge._safetensors import save_safetensors as save_safetensors
     from bridge._torchfile import save_torch as save_torch
@@ -80,7 +80,7 @@ _HOMES = {
     "load_deepspeed": "bridge._zero",
     "load_safetensors": "bridge._safetensors",
     "load_torch": "bridge._torchfile",
-    "open_source": "bridge._sources",
+    "open_source": "bridge._open",
     "save_hf": "bridge._hf_save",
     "save_safetensors": "bridge._safetensors",
     "save_torch": "bridge._torchfile",

@@ -61,7 +61,7 @@ def _open_any(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource:
             from jaxshare import checkpoint
 
             return checkpoint.open_source(path)
-        from bridge._sources import open_source
+        from bridge._open import open_source
 
         return open_source(path, rules, arg="source_or_tree")
     import torch

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bridge._flax_naming import plan_flax, torch_leaves
 from bridge._names import RulesArg, as_rules
+from bridge._open import open_source
 from bridge._torch_naming import plan_torch_names
 from jaxshare import AliasMap, NamingRecord, Plan, PlanEntry, TensorSource
 from jaxshare.internal import compose, inverse
@@ -37,10 +39,7 @@ def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) ->
     params/wte/embedding wte.weight None
     params/lm_head/kernel lm_head.weight (1, 0)
     """
-    # PyTorch-named sources need torch; torch_plan below does not import it.
-    from bridge._sources import open_source
-    from bridge._target import target_tree
-    from bridge._to_flax import plan_flax, torch_leaves
+    from bridge._target import target_tree  # (JAX: `like` is a Flax tree.)
 
     rules = as_rules(rules)
     opened = open_source(source, rules)

@@ -152,8 +152,8 @@ def plan_torch(
                 names[path] = recorded
     else:
         # `like` is a module or a state dict: only this branch needs torch.
-        from bridge._sources import open_source
-        from bridge._to_flax import torch_leaves
+        from bridge._flax_naming import torch_leaves
+        from bridge._open import open_source
 
         torch_side = torch_leaves(open_source(like, rules, arg="like"), rules, guess=False)
         index = {p: tuple(leaf.value.shape) for p, leaf in leaves.items()}

@@ -25,10 +25,12 @@ Beyond ``zero_to_fp32``: ZeRO-0 folders (which it refuses) give the stored
 parameters) is read from the module. Tensor-, pipeline- and expert-parallel
 folders are refused, as ``zero_to_fp32`` cannot consolidate them either.
 
-Files are memory-mapped (``torch.load(mmap=True, weights_only=True)`` with
+Files are memory-mapped and unpickled without torch (a restricted unpickler,
 DeepSpeed's classes as inert stand-ins, see :mod:`bridge._zero_pickle`), so the
 partitions stay file pages; names, shapes, dtypes and ties come from the
-pickles alone, and each tensor is assembled only when asked for.
+pickles alone, and each tensor is assembled only when asked for. Streaming a
+folder to a file imports neither torch nor JAX; :meth:`DeepSpeedCheckpoint.read`
+and :func:`load_deepspeed`, which return torch tensors, import torch.
 """
 
 from __future__ import annotations
@@ -39,17 +41,16 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
-from bridge._shared import shared_params as storage_ties
-from bridge._sources import as_numpy
-from bridge._tensors import numpy_dtype, numpy_view
 from bridge._zero_pickle import load_deepspeed_file
 from jaxshare import AliasMap, ArrayInfo, TensorSource
-from jaxshare.internal import Index, format_bytes
+from jaxshare.internal import Index, format_bytes, is_floating
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DeepSpeedCheckpoint", "load_deepspeed"]
 
@@ -74,18 +75,21 @@ class _Source:
     offset: int = 0
 
 
-def _one_piece(t: torch.Tensor) -> list[torch.Tensor]:
-    return [t.detach().reshape(-1)]
+_FLOAT32 = np.dtype("float32")
 
 
-def _window(parts: Sequence[torch.Tensor], start: int, numel: int) -> list[torch.Tensor]:
+def _one_piece(t: np.ndarray) -> list[np.ndarray]:
+    return [t.reshape(-1)]
+
+
+def _window(parts: Sequence[np.ndarray], start: int, numel: int) -> list[np.ndarray]:
     """1-D views covering ``[start, start + numel)`` of ``parts`` end to end."""
     out, pos, end = [], 0, start + numel
     for part in parts:
-        n = part.numel()
+        n = part.size
         lo, hi = max(start, pos), min(end, pos + n)
         if lo < hi:
-            out.append(part.detach()[lo - pos : hi - pos])
+            out.append(part[lo - pos : hi - pos])
         pos += n
         if pos >= end:
             break
@@ -94,6 +98,23 @@ def _window(parts: Sequence[torch.Tensor], start: int, numel: int) -> list[torch
 
 def _numel(shape: Any) -> int:
     return math.prod(int(n) for n in shape)
+
+
+def _memory_ties(module: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """``{alias: canonical}`` of the module's tensors over one memory: the same
+    place in the mapped file, shape, strides and dtype, as
+    :func:`bridge.shared_params` keys tensors by storage (zero-element ones
+    never tie). The canonical is the first name in the module's order."""
+    first: dict[tuple[Any, ...], str] = {}
+    aliases: dict[str, str] = {}
+    for name, t in module.items():
+        if not t.size:
+            continue
+        key = (t.__array_interface__["data"][0], t.shape, t.strides, t.dtype)
+        canonical = first.setdefault(key, name)
+        if canonical != name:
+            aliases[name] = canonical
+    return aliases
 
 
 class DeepSpeedCheckpoint(TensorSource):
@@ -137,11 +158,12 @@ class DeepSpeedCheckpoint(TensorSource):
     >>> with DeepSpeedCheckpoint(FIXTURES / "gpt2_z3_w2_fp32") as ckpt:
     ...     print(ckpt.tag, ckpt.stage, ckpt.world_size, dict(ckpt.shared_params))
     ...     print(ckpt.infos["transformer.wte.weight"])
-    ...     w = ckpt.read("transformer.wte.weight")
+    ...     a = ckpt.array("transformer.wte.weight")  # numpy, without torch
+    ...     w = ckpt.read("transformer.wte.weight")  # a torch tensor
     global_step2 3 2 {'lm_head.weight': 'transformer.wte.weight'}
     ArrayInfo(shape=(31, 9), dtype='float32')
-    >>> w.shape, w.dtype
-    (torch.Size([31, 9]), torch.float32)
+    >>> a.dtype, w.shape, w.dtype
+    (dtype('float32'), torch.Size([31, 9]), torch.float32)
     """
 
     mapped = True  # blocks are views of mapped files or tensors in memory
@@ -153,10 +175,10 @@ class DeepSpeedCheckpoint(TensorSource):
         self.folder, self.tag = _tag_folder(self.path, tag)
         self._optim_files: list[Path] = []
         self._sources: dict[str, _Source] = {}
-        self._module: Mapping[str, torch.Tensor] = {}
-        self._frozen: list[Mapping[str, torch.Tensor]] = []
-        self._parts: list[list[torch.Tensor]] = []  # [rank][group]
-        self._dtypes: dict[str, torch.dtype] = {}
+        self._module: Mapping[str, np.ndarray] = {}
+        self._frozen: list[Mapping[str, np.ndarray]] = []
+        self._parts: list[list[np.ndarray]] = []  # [rank][group]
+        self._dtypes: dict[str, np.dtype] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
         self.recovered: tuple[str, ...] = ()
         self._read_model_states()
@@ -203,7 +225,7 @@ class DeepSpeedCheckpoint(TensorSource):
             )
         module = first.get("module")
         if not isinstance(module, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in module.items()
+            isinstance(k, str) and isinstance(v, np.ndarray) for k, v in module.items()
         ):
             raise ValueError(
                 f"{self._first_file}: expected DeepSpeed model states with a `module` state "
@@ -217,8 +239,8 @@ class DeepSpeedCheckpoint(TensorSource):
         for name in module:
             if name in buffer_names and self._param_shapes is not None:  # not ZeRO-0
                 t = module[name]
-                dtype = torch.float32 if t.is_floating_point() else t.dtype  # as zero_to_fp32
-                self._add(name, _Source("module", t.numel()), tuple(t.shape), dtype)
+                dtype = _FLOAT32 if is_floating(t.dtype) else t.dtype  # as zero_to_fp32
+                self._add(name, _Source("module", t.size), tuple(t.shape), dtype)
 
     def _model_file(self, rank: int) -> dict[str, Any]:
         path = self._model_files[rank]
@@ -229,7 +251,7 @@ class DeepSpeedCheckpoint(TensorSource):
             )
         return state
 
-    def _add(self, name: str, source: _Source, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def _add(self, name: str, source: _Source, shape: tuple[int, ...], dtype: np.dtype) -> None:
         if name in self._sources:
             raise ValueError(
                 f"{self._first_file}: {name!r} is listed twice (as a buffer, frozen or "
@@ -251,10 +273,10 @@ class DeepSpeedCheckpoint(TensorSource):
         if self._param_shapes is None:  # ZeRO-0: the module is the model
             self.stage = 0
             self.world_size = int(self._first.get("dp_world_size") or 1)
-            self._shared = storage_ties(self._module)  # DeepSpeed records none here
+            self._shared = _memory_ties(self._module)  # DeepSpeed records none here
             for name, t in self._module.items():
                 if name not in self._sources and name not in self._shared:
-                    self._add(name, _Source("module", t.numel()), tuple(t.shape), t.dtype)
+                    self._add(name, _Source("module", t.size), tuple(t.shape), t.dtype)
             return
         if not optim:
             raise ValueError(
@@ -298,7 +320,7 @@ class DeepSpeedCheckpoint(TensorSource):
         for path, state in zip(paths, states, strict=True):
             groups = state.get(key)
             if not isinstance(groups, list) or not all(
-                isinstance(t, torch.Tensor) and t.ndim == 1 for t in groups
+                isinstance(t, np.ndarray) and t.ndim == 1 for t in groups
             ):
                 raise ValueError(
                     f"{path}: expected `{key}` (a list of flat tensors) in the optimizer "
@@ -333,12 +355,12 @@ class DeepSpeedCheckpoint(TensorSource):
         for name, shape in shapes.items():
             frags = [f.get(name) for f in self._frozen]
             where = self._model_files[0]
-            if not all(isinstance(t, torch.Tensor) for t in frags):
+            if not all(isinstance(t, np.ndarray) for t in frags):
                 raise ValueError(
                     f"{where}: frozen parameter {name!r} has no fragment in every rank's "
                     "`frozen_param_fragments`."
                 )
-            frags = cast(list[torch.Tensor], frags)  # (checked above)
+            frags = cast(list[np.ndarray], frags)  # (checked above)
             if self.stage == 3:
                 if any(t.ndim != 1 or t.dtype != frags[0].dtype for t in frags):
                     raise ValueError(
@@ -346,15 +368,15 @@ class DeepSpeedCheckpoint(TensorSource):
                         "dtype per rank."
                     )
                 numel = _numel(shape)
-                if sum(t.numel() for t in frags) < numel:
+                if sum(t.size for t in frags) < numel:
                     raise ValueError(
                         f"{where}: frozen parameter {name!r} of shape {list(shape)} has only "
-                        f"{sum(t.numel() for t in frags)} elements stored."
+                        f"{sum(t.size for t in frags)} elements stored."
                     )
                 self._add(name, _Source("frozen", numel), tuple(shape), frags[0].dtype)
             else:  # DeepSpeed takes the stored fragment as it is.
                 t = frags[0]
-                self._add(name, _Source("frozen", t.numel()), tuple(t.shape), t.dtype)
+                self._add(name, _Source("frozen", t.size), tuple(t.shape), t.dtype)
 
     def _group_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         shapes = self._param_shapes
@@ -387,7 +409,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 numel = _numel(shape)
                 self._add(name, _Source("zero2", numel, g, offset), shape, dtype)
                 offset += numel + (int(pads[i]) if pads is not None else 0)
-            available = sum(parts[g].numel() for parts in self._parts)
+            available = sum(parts[g].size for parts in self._parts)
             # DeepSpeed's own check, and the last parameter must be there whole.
             if offset > available or -(-offset // align) != -(-available // align):
                 raise ValueError(
@@ -397,14 +419,14 @@ class DeepSpeedCheckpoint(TensorSource):
 
     def _zero3_layout(self, paths: list[Path]) -> None:
         groups = self._group_shapes()
-        sizes = [t.numel() for t in self._parts[0]]
+        sizes = [t.size for t in self._parts[0]]
         for path, parts in zip(paths, self._parts, strict=True):
-            if [t.numel() for t in parts] != sizes or any(t.dtype != parts[0].dtype for t in parts):
+            if [t.size for t in parts] != sizes or any(t.dtype != parts[0].dtype for t in parts):
                 raise ValueError(
                     f"{path}: its flat groups differ from rank 0's in size or dtype; a file is "
                     "damaged or from another run."
                 )
-        dtype = self._parts[0][0].dtype if sizes else torch.float32
+        dtype = self._parts[0][0].dtype if sizes else _FLOAT32
         offset = 0
         for shapes in groups:
             for name, shape in shapes.items():
@@ -447,9 +469,7 @@ class DeepSpeedCheckpoint(TensorSource):
         order += [n for n in [*self._sources, *aliases] if n not in seen]
         self.names: tuple[str, ...] = tuple(order)
         self.infos: dict[str, ArrayInfo] = {
-            n: ArrayInfo(self._shapes[n], numpy_dtype(self._dtypes[n], n).name)
-            for n in order
-            if n in self._sources
+            n: ArrayInfo(self._shapes[n], self._dtypes[n].name) for n in order if n in self._sources
         }
 
     def _recover(self, aliases: dict[str, str]) -> None:
@@ -461,7 +481,7 @@ class DeepSpeedCheckpoint(TensorSource):
         such a name is tied to the name it shares memory with, or else read
         from ``module`` as stored.
         """
-        ties = storage_ties(self._module)
+        ties = _memory_ties(self._module)
         for name, t in self._module.items():
             if name in self._sources or name in aliases:
                 continue
@@ -470,7 +490,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 aliases[name] = aliases.get(canonical, canonical)
                 self.origins[name] = "storage"
             else:
-                self._add(name, _Source("module", t.numel()), tuple(t.shape), t.dtype)
+                self._add(name, _Source("module", t.size), tuple(t.shape), t.dtype)
             self.recovered += (name,)
 
     @property
@@ -480,10 +500,10 @@ class DeepSpeedCheckpoint(TensorSource):
 
     # -- tensors -------------------------------------------------------------------
 
-    def pieces(self, name: str, /) -> list[torch.Tensor]:
+    def pieces(self, name: str, /) -> list[np.ndarray]:
         """The values of stored tensor ``name`` as 1-D pieces that, end to end,
-        are the tensor in C order: views of the mapped files where they can be
-        (no copy). Writers stream them; :meth:`read` joins them.
+        are the tensor in C order: read-only views of the mapped files where
+        they can be (no copy). Writers stream them; :meth:`array` joins them.
 
         Raises:
           KeyError: ``name`` is not a stored tensor (aliases are not).
@@ -491,7 +511,7 @@ class DeepSpeedCheckpoint(TensorSource):
         source = self._source(name)
         if source.kind == "module":
             t = self._module[name]
-            return _one_piece(t.to(self._dtypes[name]))
+            return _one_piece(t.astype(self._dtypes[name], copy=False))
         if source.kind == "frozen":
             frags = [f[name] for f in self._frozen]
             return _one_piece(frags[0]) if self.stage < 3 else _window(frags, 0, source.numel)
@@ -503,31 +523,36 @@ class DeepSpeedCheckpoint(TensorSource):
         return _window(padded, 0, source.numel)
 
     def blocks(self, name: str) -> Iterator[np.ndarray]:
-        """:meth:`pieces` as numpy views: writers stream them with no copy."""
-        return (numpy_view(p, name) for p in self.pieces(name))
+        """:meth:`pieces`: writers stream them with no copy."""
+        return iter(self.pieces(name))
 
-    def read(self, name: str, /) -> torch.Tensor:
-        """Tensor ``name`` (or, for an alias, its canonical's values), assembled
-        into memory of its own.
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` (or, for an alias, its canonical's values) as a numpy
+        array assembled into memory of its own; no torch needed.
 
         Raises:
           KeyError: no such name.
         """
         name = self.shared_params.get(name, name)
         pieces = self.pieces(name)
-        if len(pieces) == 1:
-            flat = pieces[0].clone()
-        else:
-            flat = torch.cat(pieces) if pieces else torch.empty(0, dtype=self._dtypes[name])
-        return flat.view(self._shapes[name])
+        if not pieces:
+            return np.empty(self._shapes[name], self._dtypes[name])
+        flat = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
+        return flat.reshape(self._shapes[name])
 
-    def array(self, name: str) -> np.ndarray:
-        """:meth:`read` as a numpy array (over the tensor's memory)."""
-        return as_numpy(self.read(name), name)
+    def read(self, name: str, /) -> torch.Tensor:
+        """:meth:`array` as a torch tensor over its memory.
+
+        Raises:
+          KeyError: no such name.
+        """
+        from bridge._tensors import to_tensor
+
+        return to_tensor(self.array(name), key=name)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
-        """``read(name)[index]`` as a numpy array."""
-        return as_numpy(self.read(name)[index], name)
+        """``array(name)[index]``."""
+        return self.array(name)[index]
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` for each stored tensor, in state-dict order, each
@@ -538,8 +563,13 @@ class DeepSpeedCheckpoint(TensorSource):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every name, in state-dict order; an alias is the very tensor object of
-        its canonical (as ``zero_to_fp32`` returns it)."""
-        stored = dict(self.items())
+        its canonical (as ``zero_to_fp32`` returns it). Tensors are assembled on
+        a few threads at once."""
+        from bridge._tensors import parallel_map, to_tensor
+
+        names = list(self.infos)
+        arrays = parallel_map(self.array, names)
+        stored = {n: to_tensor(a, key=n) for n, a in zip(names, arrays, strict=True)}
         return {n: stored[self.shared_params.get(n, n)] for n in self.names}
 
     def _source(self, name: str) -> _Source:

@@ -1,31 +1,56 @@
-"""Reading DeepSpeed's pickles without deepspeed and without running pickle code.
+"""Reading DeepSpeed's files without deepspeed, without torch, and without running
+pickle code.
 
-DeepSpeed's ZeRO optimizer files pickle three (with fp16, four) of its own
-classes beside tensors and plain containers, so ``torch.load(weights_only=True)``
-refuses them and ``zero_to_fp32`` needs deepspeed installed and
-``weights_only=False``. :func:`load_deepspeed_file` loads files as
-:func:`bridge.load_torch` does (torch's restricted unpickler) and allows exactly
-those names, each mapped to an inert stand-in defined here: a stand-in only
-stores the plain values torch's unpickler has already rebuilt (ints, floats,
-dtypes). Everything else is refused as ``torch.load(weights_only=True)``
-refuses it, and the file's code never runs.
+``torch.save`` writes a zip archive: ``NAME/data.pkl``, a pickle whose tensors
+point (by persistent id) at raw storages ``NAME/data/KEY`` stored uncompressed.
+DeepSpeed's ZeRO files pickle, beside tensors and plain containers, three (with
+fp16, four) of its own classes, so ``torch.load(weights_only=True)`` refuses them
+and ``zero_to_fp32`` needs deepspeed installed and ``weights_only=False``.
+
+:func:`load_deepspeed_file` unpickles with a restricted unpickler of its own. It
+allows exactly:
+
+- the names ``torch.save`` uses to rebuild tensors (``_rebuild_tensor_v2``,
+  ``_rebuild_from_type_v2`` of a plain ``torch.Tensor``, ``_rebuild_parameter``),
+  typed storages, ``torch.Size``, dtype and device names, ``OrderedDict``, and
+  ``_codecs.encode`` (how protocol 2 writes ``bytes``);
+- DeepSpeed's classes, each mapped to an inert stand-in defined here (:data:`STAND_INS`):
+  a stand-in only keeps the plain values the unpickler has already built.
+
+Every other global is refused, so the file's code never runs. Tensors come back
+as read-only numpy arrays over the memory-mapped file (no copy, no anonymous
+memory); dtypes and devices as their names (``"torch.float16"``). Importing torch
+(over a second) is not needed: converting a DeepSpeed folder to safetensors does
+not pay for it.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
+import math
+import mmap
 import os
 import pickle
-import threading
+import struct
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
-from bridge._torchfile import safe_load
 from jaxshare.formats import check_torch_file
+from jaxshare.internal import numpy_dtype
 
-__all__ = ["STAND_INS", "FragmentAddress", "LossScalerState", "ZeroStage", "load_deepspeed_file"]
+__all__ = [
+    "STAND_INS",
+    "FragmentAddress",
+    "LossScalerState",
+    "ZeroStage",
+    "load_deepspeed_file",
+]
 
 
 class ZeroStage(enum.IntEnum):
@@ -96,23 +121,211 @@ STAND_INS: dict[str, type] = {
     "deepspeed.utils.tensor_fragment.fragment_address": FragmentAddress,
 }
 
-# torch keeps its allow-list in one process-wide set that `safe_globals` edits
-# on entry and exit; one lock keeps two of our loads from undoing each other.
-_LOCK = threading.Lock()
+#: ``torch.<Kind>Storage`` -> the dtype of its elements.
+_STORAGES = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+    "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
+}  # fmt: skip
+#: ``torch.<dtype>`` names a pickle may hold as values (a loss scaler's dtype...).
+_DTYPES = frozenset(
+    {
+        "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+        "uint8", "bool", "complex64", "complex128", "float", "double", "half", "long", "int",
+    }
+)  # fmt: skip
 
 
-def load_deepspeed_file(path: str | os.PathLike, /, *, mmap: bool = True) -> Any:
-    """A DeepSpeed checkpoint file, loaded as :func:`bridge.load_torch` loads files
-    (it must look like ``torch.save`` output; ``torch.load(weights_only=True)``
-    only), DeepSpeed's pickled classes rebuilt as the inert stand-ins in
-    :data:`STAND_INS`. ``mmap=True`` maps the file's tensors instead of reading
-    them.
+@dataclass(frozen=True, slots=True)
+class _StorageKind:
+    """What ``torch.FloatStorage`` (...) unpickles to: the element dtype's name."""
+
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class _TensorClass:
+    """What ``torch.Tensor`` unpickles to (only as ``_rebuild_from_type_v2``'s type)."""
+
+
+class _Storage:
+    """One storage of the archive: a flat read-only array over the mapped file."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def view(self, offset: Any, size: Any, stride: Any) -> np.ndarray:
+        """The tensor ``torch`` would rebuild: ``size`` elements with ``stride``
+        from element ``offset`` of this storage, as a read-only view."""
+        shape, strides, offset = _ints(size, "size"), _ints(stride, "stride"), int(offset)
+        if len(shape) != len(strides) or any(n < 0 for n in (*shape, *strides, offset)):
+            raise pickle.UnpicklingError(
+                f"a tensor of size {shape} and stride {strides} at offset {offset}"
+            )
+        last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+        if math.prod(shape) and last >= self.array.size:
+            raise pickle.UnpicklingError(
+                f"a tensor of size {shape} reaches element {last} of a storage of {self.array.size}"
+            )
+        base = self.array[offset:]
+        item = self.array.itemsize
+        return np.lib.stride_tricks.as_strided(
+            base, shape, tuple(s * item for s in strides), writeable=False
+        )
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, tuple | list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in value
+    ):
+        raise pickle.UnpicklingError(f"a tensor {what} that is not a tuple of ints: {value!r}")
+    return tuple(value)
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
+    """``torch._utils._rebuild_tensor_v2`` (and ``_rebuild_tensor``): gradients,
+    hooks and metadata are dropped; the values are what a weights file holds."""
+    if not isinstance(storage, _Storage):
+        raise pickle.UnpicklingError(f"a tensor over a {type(storage).__name__}, not a storage")
+    return storage.view(offset, size, stride)
+
+
+def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    """``torch._tensor._rebuild_from_type_v2`` for plain tensors only."""
+    if func is not _rebuild_tensor or not isinstance(new_type, _TensorClass):
+        raise pickle.UnpicklingError("_rebuild_from_type_v2 of anything but a plain torch.Tensor")
+    if not isinstance(args, tuple):
+        raise pickle.UnpicklingError("_rebuild_from_type_v2 with arguments that are no tuple")
+    return _rebuild_tensor(*args)
+
+
+def _rebuild_parameter(data: Any, *_: Any) -> Any:
+    """``torch._utils._rebuild_parameter``: a parameter is its tensor."""
+    if not isinstance(data, np.ndarray):
+        raise pickle.UnpicklingError("a parameter that holds no tensor")
+    return data
+
+
+def _size(*args: Any) -> tuple[int, ...]:
+    if len(args) != 1:
+        raise pickle.UnpicklingError("torch.Size called with more than one argument")
+    return _ints(args[0], "torch.Size")
+
+
+def _encode(text: Any, encoding: Any = "latin1") -> bytes:
+    """``_codecs.encode``, as protocol 2 uses it for ``bytes``: latin-1 only."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError("_codecs.encode beyond latin-1 text")
+    return text.encode("latin1")
+
+
+def _device(*args: Any) -> str:
+    if not all(isinstance(a, str | int) and not isinstance(a, bool) for a in args):
+        raise pickle.UnpicklingError("torch.device of anything but a name and an index")
+    return ":".join(str(a) for a in args)
+
+
+_CALLABLES: dict[str, Callable[..., Any]] = {
+    "collections.OrderedDict": collections.OrderedDict,
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
+    "torch._utils._rebuild_tensor": _rebuild_tensor,
+    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
+    "torch._utils._rebuild_parameter": _rebuild_parameter,
+    "torch.Size": _size,
+    "torch.device": _device,
+    "_codecs.encode": _encode,
+}
+
+
+class _Archive:
+    """A ``torch.save`` zip archive, mapped: its pickle and its storages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with zipfile.ZipFile(path) as z:
+            self._entries = {info.filename: info for info in z.infolist()}
+            pickles = [n for n in self._entries if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pickles) != 1:
+                raise ValueError(f"expected one NAME/data.pkl in the archive, found {len(pickles)}")
+            self.prefix = pickles[0].split("/")[0]
+            self.pickle = z.read(pickles[0])
+            order = self._entries.get(f"{self.prefix}/byteorder")
+            byteorder = z.read(order).decode(errors="replace") if order else "little"
+        if byteorder != "little":
+            raise ValueError(f"tensors stored {byteorder}-endian; expected little-endian")
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._storages: dict[str, _Storage] = {}
+
+    def storage(self, key: str, dtype: str, numel: int) -> _Storage:
+        found = self._storages.get(key)
+        if found is not None:
+            return found
+        info = self._entries.get(f"{self.prefix}/data/{key}")
+        if info is None:
+            raise ValueError(f"the pickle names storage {key!r}, which the archive lacks")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"storage {key!r} is compressed; torch.save stores storages as-is")
+        local = self._map[info.header_offset : info.header_offset + 30]
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            raise ValueError(f"storage {key!r} has no local zip header where the index says")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        start = info.header_offset + 30 + name_len + extra_len
+        np_dtype = numpy_dtype(dtype)
+        if numel * np_dtype.itemsize > info.file_size or start + info.file_size > len(self._map):
+            raise ValueError(
+                f"storage {key!r} holds {info.file_size} bytes, fewer than its "
+                f"{numel} {dtype} elements"
+            )
+        array = np.frombuffer(self._map, np_dtype, count=numel, offset=start)
+        self._storages[key] = storage = _Storage(array)
+        return storage
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, archive: _Archive) -> None:
+        import io
+
+        super().__init__(io.BytesIO(archive.pickle))
+        self._archive = archive
+
+    def find_class(self, module: str, name: str) -> Any:
+        fq = f"{module}.{name}"
+        found = _CALLABLES.get(fq) or STAND_INS.get(fq)
+        if found is not None:
+            return found
+        if module == "torch" and name in _STORAGES:
+            return _StorageKind(_STORAGES[name])
+        if fq == "torch.Tensor":
+            return _TensorClass()
+        if module == "torch" and name in _DTYPES:
+            return fq
+        raise pickle.UnpicklingError(f"Trying to load unsupported GLOBAL {fq}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
+        _, kind, key, _location, numel = pid
+        if not isinstance(kind, _StorageKind) or not isinstance(numel, int):
+            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
+        return self._archive.storage(str(key), kind.dtype, numel)
+
+
+def load_deepspeed_file(path: str | os.PathLike, /) -> Any:
+    """A DeepSpeed checkpoint file (``torch.save`` output), unpickled with the
+    restricted unpickler of this module: tensors as read-only numpy arrays over
+    the mapped file, DeepSpeed's classes as the inert stand-ins in
+    :data:`STAND_INS`, anything else refused.
 
     Raises:
-      ValueError: one line naming the file: not a PyTorch file, or refused (any
-        class beyond those, anything that would run code), with torch's reason.
+      ValueError: one line naming the file: not a PyTorch zip file, damaged, or
+        refused (any other class, anything that would run code), with the reason.
 
-    >>> for name in sorted(STAND_INS):  # all that is allowed beyond torch's own list
+    >>> for name in sorted(STAND_INS):  # all that is allowed beyond tensors and containers
     ...     print(name)
     deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler
     deepspeed.runtime.fp16.loss_scaler.LossScaler
@@ -121,5 +334,22 @@ def load_deepspeed_file(path: str | os.PathLike, /, *, mmap: bool = True) -> Any
     """
     path = Path(path)
     check_torch_file(path)
-    with _LOCK, torch.serialization.safe_globals([(c, n) for n, c in STAND_INS.items()]):
-        return safe_load(path, mmap=mmap)
+    with open(path, "rb") as f:
+        zipped = f.read(2) == b"PK"
+    if not zipped:
+        raise ValueError(
+            f"{path}: a PyTorch file in the legacy (pre-1.6) format; jaxshare reads DeepSpeed "
+            "files saved as zip archives: re-save it with a current torch."
+        )
+    try:
+        return _Unpickler(_Archive(path)).load()
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path}: refused: loading it would run code beyond rebuilding tensors ({e}). "
+            "jaxshare reads DeepSpeed files with its own restricted unpickler; if you trust "
+            "this file, consolidate it with DeepSpeed's zero_to_fp32."
+        ) from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path}: not a PyTorch file jaxshare can read ({type(e).__name__}: {e})."
+        ) from None

@@ -10,6 +10,8 @@ upper layers import them from here, never from ``jaxshare._*`` modules.
 from jaxshare._alias import as_alias_map
 from jaxshare._dtype import cast_to
 from jaxshare._dtype import float_dtype
+from jaxshare._dtype import is_floating
+from jaxshare._dtype import numpy_dtype
 from jaxshare._lazy import exports
 from jaxshare._nnx import is_module as is_nnx_module
 from jaxshare._nnx import is_state as is_nnx_state
@@ -48,11 +50,13 @@ __all__ = [
     "file_part",
     "format_bytes",
     "inverse",
+    "is_floating",
     "is_nnx_module",
     "is_nnx_state",
     "is_variable",
     "keypath_to_path",
     "nest",
+    "numpy_dtype",
     "permute_shape",
     "render",
     "transpose",

@@ -6,6 +6,7 @@ The folders under ``tests/data/deepspeed`` were written by the real DeepSpeed
 consolidation of it. The tests never import deepspeed.
 """
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -15,6 +16,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import safetensors
 import safetensors.torch
@@ -206,13 +208,27 @@ def test_items_assembles_one_tensor_at_a_time(monkeypatch):
         assert order == list(ckpt.infos)
 
 
+def mapped_file(array):
+    """The file mapped (``/proc/self/maps``) at the array's first byte, or None."""
+    address = array.__array_interface__["data"][0]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)  # range, perms, offset, device, inode[, path]
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) == 6 else None
+    return None
+
+
 def test_pieces_are_views_of_the_mapped_partitions():
     with DeepSpeedCheckpoint(DATA / "gpt2_z3_w2_fp32") as ckpt:
         pieces = ckpt.pieces("transformer.wte.weight")  # 279 elements: 140 + 139 (of 140)
-        assert [p.numel() for p in pieces] == [140, 139]
-        assert all(p._base is not None for p in pieces)
-        joined = torch.cat(pieces).view(31, 9)
-        assert torch.equal(joined, ckpt.read("transformer.wte.weight"))
+        assert [p.size for p in pieces] == [140, 139]
+        assert all(not p.flags.writeable and not p.flags.owndata for p in pieces)
+        folder = DATA / "gpt2_z3_w2_fp32" / "global_step2"
+        ranks = [str(folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for r in (0, 1)]
+        assert [mapped_file(p) for p in pieces] == ranks
+        joined = np.concatenate(pieces).reshape(31, 9)
+        np.testing.assert_array_equal(joined, ckpt.read("transformer.wte.weight").numpy())
         with pytest.raises(KeyError, match="alias of 'transformer.wte.weight'"):
             ckpt.pieces("lm_head.weight")
 
@@ -349,7 +365,7 @@ def hostile_files(tmp_path, marker):
     [
         ("runs_code", r"refused: loading it would run code .*GLOBAL posix\.system"),
         ("unknown_class", r"refused: loading it would run code.*GLOBAL \S*test_deepspeed\.Unknown"),
-        ("truncated", r"not a PyTorch file torch\.load can read \(OSError"),
+        ("truncated", r"not a PyTorch file jaxshare can read \(BadZipFile"),
         ("random", r"not a PyTorch/zip/pickle file \(it starts with b'\\x07\\x08"),
         ("json", r"not a PyTorch/zip/pickle file \(it starts with b'\{\"op'"),
         ("empty", r"not a PyTorch/zip/pickle file \(an empty file\)"),
@@ -442,6 +458,92 @@ def test_deepspeeds_names_stay_refused_elsewhere(tmp_path):
     assert load_deepspeed_file(tmp_path / "s.pt") == 2
     with pytest.raises(Exception, match="ZeroStageEnum"):
         torch.load(tmp_path / "s.pt", weights_only=True)
+
+
+class _Tensor:
+    """Pickles as ``func(storage, *args)``, the storage by persistent id, as torch does."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return (self.func, (_StorageRef(), *self.args))
+
+
+class _StorageRef:
+    pass
+
+
+def _torch_zip(path, obj, key="0"):
+    """A zip laid out as torch.save lays it out: ``obj`` pickled with each storage
+    reference as ``("storage", torch.FloatStorage, key, "cpu", 4)``, storage "0"
+    holding 0, 1, 2, 3."""
+    import io
+    import pickle
+    import zipfile
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, _StorageRef):
+                return ("storage", torch.FloatStorage, key, "cpu", storage.size)
+            return None
+
+    storage = np.arange(4, dtype=np.float32)
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(obj)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+        z.writestr("archive/data/0", storage.tobytes())
+    return path
+
+
+_REBUILD = torch._utils._rebuild_tensor_v2
+
+
+def test_a_crafted_torch_zip_loads_as_torch_loads_it(tmp_path):
+    path = _torch_zip(tmp_path / "ok.pt", {"w": _Tensor(_REBUILD, 1, (3,), (1,), False, {})})
+    loaded = load_deepspeed_file(path)
+    np.testing.assert_array_equal(loaded["w"], [1.0, 2.0, 3.0])
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.tensor([1.0, 2.0, 3.0]))
+    assert not loaded["w"].flags.writeable
+
+
+@pytest.mark.parametrize(
+    "obj, match",
+    [
+        ({"w": _Tensor(_REBUILD, 0, (10,), (1,), False, {})}, "refused: .*reaches element 9"),
+        ({"w": _Tensor(_REBUILD, 0, (2,), (-1,), False, {})}, "refused: .*stride"),
+        ({"w": _Tensor(_REBUILD, 0, "x", (1,), False, {})}, "refused: .*not a tuple of ints"),
+        (
+            {"w": _Tensor(torch._tensor._rebuild_from_type_v2, torch.nn.Parameter, (), {})},
+            r"refused: .*GLOBAL torch\.nn\.parameter\.Parameter",
+        ),
+        (
+            {
+                "w": _Reduce(
+                    torch._tensor._rebuild_from_type_v2,
+                    (collections.OrderedDict, torch.Tensor, (), {}),
+                )
+            },  # fmt: skip
+            "refused: .*of anything but a plain torch.Tensor",
+        ),
+        ({"w": _Tensor(print, "x")}, r"refused: .*GLOBAL __builtin__\.print"),
+    ],
+)
+def test_a_crafted_tensor_is_refused_in_one_line(tmp_path, obj, match):
+    path = _torch_zip(tmp_path / "bad.pt", obj)
+    with pytest.raises(ValueError, match=match) as info:
+        load_deepspeed_file(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
+def test_a_storage_the_archive_lacks_is_named(tmp_path):
+    path = _torch_zip(tmp_path / "bad.pt", {"w": _Tensor(_REBUILD, 0, (2,), (1,), False, {})},
+                      key="7")  # fmt: skip
+    with pytest.raises(ValueError, match="names storage '7', which the archive lacks"):
+        load_deepspeed_file(path)
 
 
 def _copy(tmp_path, name="gpt2_z2_w2_bf16"):
