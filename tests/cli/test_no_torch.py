@@ -1,7 +1,7 @@
 """What commands import: ``jaxshare --help`` and ``inspect`` of safetensors files and Orbax
 items run with torch absent (``sys.modules["torch"] = None`` makes any import of it fail);
-naming an Orbax item in PyTorch imports no torch, and a DeepSpeed folder to safetensors
-neither torch nor JAX."""
+naming an Orbax item in PyTorch, or placing a safetensors file's PyTorch names in Flax,
+imports no torch, and a DeepSpeed folder to safetensors neither torch nor JAX."""
 
 from __future__ import annotations
 
@@ -93,6 +93,30 @@ def test_torch_names_of_an_orbax_item_need_no_torch(tmp_path):
     assert sorted(written) == ["fc.weight", "wte.weight"]
     np.testing.assert_array_equal(written["wte.weight"], emb)
     np.testing.assert_array_equal(written["fc.weight"], kernel.T)
+
+
+def test_a_safetensors_file_in_torch_names_converts_to_orbax_without_torch(tmp_path):
+    path = tmp_path / "model.safetensors"
+    emb = np.arange(40, dtype=np.float32).reshape(10, 4)
+    save_file({"wte.weight": emb, "fc.weight": np.ones((3, 4), np.float32)}, path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom jaxshare.cli import main\n"
+            "status = main(sys.argv[1:])\n"
+            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(status)\n",
+            *("convert", str(path), str(tmp_path / "ckpt"), "--quiet"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch imported: False" in done.stdout
+    flat = checkpoint.consolidate(tmp_path / "ckpt")
+    np.testing.assert_array_equal(flat["params/wte/embedding"], emb)
+    assert flat["params/fc/kernel"].shape == (4, 3)
 
 
 def test_pytorch_input_without_torch_is_one_line(tmp_path):
