@@ -19,9 +19,9 @@ allows exactly:
 
 Every other global is refused, so the file's code never runs. Tensors come back
 as read-only numpy arrays over the memory-mapped file (no copy, no anonymous
-memory); dtypes and devices as their names (``"torch.float16"``). Importing torch
-(over a second) is not needed: converting a DeepSpeed folder to safetensors does
-not pay for it.
+memory, and writers copy them file to file); dtypes and devices as their names
+(``"torch.float16"``). Importing torch (over a second) is not needed: converting a
+DeepSpeed folder to safetensors does not pay for it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import enum
 import math
-import mmap
 import os
 import pickle
 import struct
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from jaxshare.formats import check_torch_file
-from jaxshare.internal import numpy_dtype
+from jaxshare.internal import map_file, numpy_dtype
 
 __all__ = [
     "STAND_INS",
@@ -257,8 +256,7 @@ class _Archive:
             byteorder = z.read(order).decode(errors="replace") if order else "little"
         if byteorder != "little":
             raise ValueError(f"tensors stored {byteorder}-endian; expected little-endian")
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map = map_file(path)
         self._storages: dict[str, _Storage] = {}
 
     def storage(self, key: str, dtype: str, numel: int) -> _Storage:
@@ -270,13 +268,13 @@ class _Archive:
             raise ValueError(f"the pickle names storage {key!r}, which the archive lacks")
         if info.compress_type != zipfile.ZIP_STORED:
             raise ValueError(f"storage {key!r} is compressed; torch.save stores storages as-is")
-        local = self._map[info.header_offset : info.header_offset + 30]
+        local = self._map[info.header_offset : info.header_offset + 30].tobytes()
         if len(local) != 30 or local[:4] != b"PK\x03\x04":
             raise ValueError(f"storage {key!r} has no local zip header where the index says")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         start = info.header_offset + 30 + name_len + extra_len
         np_dtype = numpy_dtype(dtype)
-        if numel * np_dtype.itemsize > info.file_size or start + info.file_size > len(self._map):
+        if numel * np_dtype.itemsize > info.file_size or start + info.file_size > self._map.size:
             raise ValueError(
                 f"storage {key!r} holds {info.file_size} bytes, fewer than its "
                 f"{numel} {dtype} elements"

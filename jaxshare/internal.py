@@ -13,6 +13,7 @@ from jaxshare._dtype import float_dtype
 from jaxshare._dtype import is_floating
 from jaxshare._dtype import numpy_dtype
 from jaxshare._lazy import exports
+from jaxshare._mapped import map_file
 from jaxshare._nnx import is_module as is_nnx_module
 from jaxshare._nnx import is_state as is_nnx_state
 from jaxshare._nnx import is_variable
@@ -55,6 +56,7 @@ __all__ = [
     "is_nnx_state",
     "is_variable",
     "keypath_to_path",
+    "map_file",
     "nest",
     "numpy_dtype",
     "permute_shape",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import mmap
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +32,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
+from jaxshare._mapped import copy_view, map_file
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output, start_writeback
 from jaxshare._plan import Plan
@@ -381,9 +381,8 @@ class SafetensorsFile(TensorSource):
         self.ties = alias_map_in(self.header)
         self.origins = dict.fromkeys(self.ties, "metadata")
         self.parts = (file_part(self.path, len(self.infos)),)
-        with open(self.path, "rb") as f:  # The mapping outlives the file object.
-            size = os.fstat(f.fileno()).st_size
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        mapped = map_file(self.path)
+        self._map = mapped if mapped.size else None
 
     def read(self, name: str) -> np.ndarray:
         return self.array(name)
@@ -487,7 +486,8 @@ def write_safetensors(
                             f"{spec.name!r}: expected {spec.dtype.name}, got {block.dtype.name}."
                         )
                     data = np.ascontiguousarray(block)
-                    f.write(data.reshape(-1).view(np.uint8).data if data.size else b"")
+                    if not copy_view(data, f):  # (A mapped file's pages: copied file to file.)
+                        f.write(data.reshape(-1).view(np.uint8).data if data.size else b"")
                     size += data.nbytes
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")

@@ -1,0 +1,111 @@
+"""Files mapped into memory, and where a view of one lies in its file.
+
+Readers map their input files (:func:`map_file`) and hand out numpy views of the
+pages, so reading costs no copy. A writer given such a view need not copy it
+through memory either: :func:`copy_view` asks the kernel to copy the bytes from
+the input file to the output file (``os.copy_file_range``), which neither
+faults the mapped pages in nor touches them with the CPU. Where the kernel
+cannot (another platform, a file system that refuses), it says so and the
+writer writes the view as usual.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from typing import BinaryIO
+
+import numpy as np
+
+__all__ = ["copy_view", "map_file"]
+
+#: id(mmap) -> (first address, length, the open file it maps), while the map lives.
+_MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
+_LOCK = threading.Lock()
+
+
+def map_file(path: str | os.PathLike) -> np.ndarray:
+    """A read-only ``uint8`` array over the whole file, mapped, not read.
+
+    Its views are the file's pages; :func:`copy_view` copies them file to file.
+    The file stays open (the same file, even if ``path`` is replaced) while any
+    view of it lives.
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+    >>> _ = path.write_bytes(b"abc")
+    >>> bytes(map_file(path)[1:])
+    b'bc'
+    """
+    f = open(path, "rb")  # noqa: SIM115 -- kept open while the map lives
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        f.close()
+        return np.empty(0, np.uint8)
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    array = np.frombuffer(m, np.uint8)
+    key = id(m)
+    with _LOCK:
+        _MAPS[key] = (array.ctypes.data, size, f)
+    weakref.finalize(m, _forget, key)
+    return array
+
+
+def _forget(key: int) -> None:
+    with _LOCK:
+        entry = _MAPS.pop(key, None)
+    if entry is not None:
+        entry[2].close()
+
+
+def _file_range(view: np.ndarray) -> tuple[int, int] | None:
+    """``(fd, offset)`` of a C-contiguous view of a mapped file, else ``None``."""
+    if not view.flags.c_contiguous or not view.nbytes:
+        return None
+    address = view.ctypes.data
+    with _LOCK:
+        for start, length, f in _MAPS.values():
+            if start <= address and address + view.nbytes <= start + length:
+                return f.fileno(), address - start
+    return None
+
+
+def copy_view(view: np.ndarray, out: BinaryIO) -> bool:
+    """Writes ``view`` to ``out`` at its position by copying file to file, when
+    ``view`` lies in a file :func:`map_file` mapped and the kernel can copy;
+    returns whether it did (else nothing is written).
+
+    >>> import pathlib, tempfile
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "in").write_bytes(b"0123456789")
+    >>> with open(d / "out", "wb") as out:
+    ...     _ = out.write(b">")
+    ...     _ = copy_view(map_file(d / "in")[2:5], out) or out.write(b"234")
+    ...     _ = out.write(b"<")
+    >>> (d / "out").read_bytes()
+    b'>234<'
+    """
+    found = _file_range(view)
+    copy = getattr(os, "copy_file_range", None)
+    if found is None or copy is None:
+        return False
+    fd, offset = found
+    out.flush()
+    start = out.tell()
+    done = 0
+    try:
+        while done < view.nbytes:
+            n = copy(fd, out.fileno(), view.nbytes - done, offset + done, start + done)
+            if n == 0:  # The input is shorter than its map: cannot be.
+                raise OSError("copy_file_range copied nothing")
+            done += n
+    except OSError:
+        if done:  # Part copied: write the rest from memory, where the kernel stopped.
+            out.seek(start + done)
+            out.write(view.reshape(-1).view(np.uint8)[done:].data)
+            return True
+        return False
+    out.seek(start + done)
+    return True

@@ -1,0 +1,86 @@
+"""Mapped files: views copied file to file by the kernel, and writers that use them."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jaxshare import Plan
+from jaxshare._mapped import _MAPS, copy_view, map_file
+from jaxshare.formats import SafetensorsFile, save_plan
+
+LINUX = sys.platform.startswith("linux") and hasattr(os, "copy_file_range")
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "in.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    return path
+
+
+@pytest.mark.skipif(not LINUX, reason="copy_file_range is Linux's")
+@pytest.mark.parametrize(
+    "start, stop, dtype", [(0, 16384, "uint8"), (5, 1029, "uint8"), (8, 4104, "bfloat16")]
+)
+def test_a_view_of_a_mapped_file_is_copied_file_to_file(data, tmp_path, start, stop, dtype):
+    view = map_file(data)[start:stop].view(np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    with open(tmp_path / "out", "wb") as out:
+        out.write(b"head")
+        assert copy_view(view, out)
+        assert out.tell() == 4 + view.nbytes
+        out.write(b"tail")
+    assert (tmp_path / "out").read_bytes() == b"head" + data.read_bytes()[start:stop] + b"tail"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: np.arange(10, dtype=np.uint8),  # memory, not a file
+        lambda m: m[:64:2],  # not contiguous
+        lambda m: m[:0],  # empty
+    ],
+)
+def test_anything_else_is_left_to_the_writer(data, tmp_path, make):
+    with open(tmp_path / "out", "wb") as out:
+        assert not copy_view(make(map_file(data)), out)
+        assert out.tell() == 0
+
+
+def test_the_file_stays_the_one_mapped_while_a_view_lives(data, tmp_path):
+    view = map_file(data)[:4]
+    data.unlink()
+    data.write_bytes(b"another file")  # replaced under the same name
+    with open(tmp_path / "out", "wb") as out:
+        if not copy_view(view, out):
+            out.write(view.data)
+    assert (tmp_path / "out").read_bytes() == bytes(range(4))
+
+
+def test_a_map_is_forgotten_and_its_file_closed_with_its_last_view(data):
+    before = len(_MAPS)
+    view = map_file(data)[10:20]
+    assert len(_MAPS) == before + 1
+    (_, _, f) = next(reversed(_MAPS.values()))
+    del view
+    gc.collect()
+    assert len(_MAPS) == before and f.closed
+
+
+def test_an_identity_copy_of_a_safetensors_file_is_byte_identical(tmp_path):
+    from safetensors.numpy import save_file
+
+    tensors = {f"w{i}": np.full((256, 1024), i, np.float32) for i in range(4)}
+    tensors["b"] = np.arange(3, dtype=np.int64)
+    save_file(tensors, tmp_path / "a.safetensors", metadata={"format": "pt"})
+    with SafetensorsFile(tmp_path / "a.safetensors") as source:
+        save_plan(tmp_path / "b.safetensors", Plan.identity(source), source)
+    with SafetensorsFile(tmp_path / "b.safetensors") as copy:
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(copy.array(name), value)
