@@ -78,8 +78,8 @@ def consolidate_to_safetensors(
     """Writes every path of the checkpoint to a ``.safetensors`` file, streaming.
 
     Tensors are named by Flax ``'/'`` paths. Each alias is written as a tensor
-    of its own (read again from its canonical, transposed where it has a
-    transform), so any safetensors reader gets the full flat dict; the alias
+    of its own (right after its canonical, from the same read, transposed where
+    it has a transform), so any safetensors reader gets the full flat dict; the alias
     map is also in the file's metadata under ``"jaxshare.alias_map"`` (the JSON
     of :meth:`jaxshare.AliasMap.to_json`). Each array is read whole (its
     storage chunks decoded in parallel) while the one before is written, so
