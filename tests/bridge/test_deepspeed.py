@@ -539,6 +539,14 @@ def test_a_crafted_tensor_is_refused_in_one_line(tmp_path, obj, match):
     assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
 
 
+def test_a_legacy_torch_file_is_refused_naming_its_format(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(ValueError, match=r"legacy \(pre-1\.6\) format.*re-save it") as info:
+        load_deepspeed_file(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
 def test_a_storage_the_archive_lacks_is_named(tmp_path):
     path = _torch_zip(tmp_path / "bad.pt", {"w": _Tensor(_REBUILD, 0, (2,), (1,), False, {})},
                       key="7")  # fmt: skip
