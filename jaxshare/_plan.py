@@ -222,6 +222,8 @@ class ReadAhead(Generic[T]):
                 self._cond.notify_all()
                 if not result[0]:
                     return
+            # Not kept past its release while the next job waits for the budget.
+            del result
 
     def held(self) -> Iterator[tuple[int, T]]:
         """``(index, value)`` of each job in order; the caller releases each."""

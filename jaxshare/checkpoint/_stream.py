@@ -160,6 +160,7 @@ class StreamedItem:
                 try:
                     await handler.write_array(array, infos[i], args[i])
                 finally:  # Even a failed write frees its bytes: the next read goes on.
+                    del array  # Freed before its bytes go back to the budget.
                     ahead.release(i)
                 self.report(leaves[i].entry)
 
