@@ -11,13 +11,23 @@ JAX is imported.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Perm", "as_perm", "compose", "inverse", "permute_shape", "transpose"]
+__all__ = [
+    "Perm",
+    "as_perm",
+    "compose",
+    "contiguous_transpose",
+    "inverse",
+    "permute_shape",
+    "transpose",
+]
 
 Perm = tuple[int, ...]
 
@@ -145,3 +155,37 @@ def transpose(x: Any, perm: Perm | None, where: str = "the array") -> Any:
         f"{where} has transform {list(perm)}, which applies to arrays; its "
         f"canonical is a {type(x).__name__}."
     )
+
+
+#: Arrays at least this large are transposed on several threads.
+_PARALLEL_BYTES = 8 << 20
+
+
+def contiguous_transpose(x: np.ndarray, perm: Perm | None) -> np.ndarray:
+    """A new C-ordered numpy array holding ``x`` transposed by ``perm`` (``x``
+    itself, made C-ordered, for ``None``).
+
+    A transposing copy reads memory with large strides, so one core moves well
+    under a gigabyte a second; a large array is copied as row blocks of the
+    output on a few threads (numpy copies release the GIL), about twice as fast
+    on two cores.
+
+    >>> x = np.arange(6).reshape(2, 3)
+    >>> contiguous_transpose(x, (1, 0)).tolist()
+    [[0, 3], [1, 4], [2, 5]]
+    """
+    if perm is None:
+        return np.ascontiguousarray(x)
+    view = np.transpose(x, perm)
+    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 4)
+    if x.nbytes < _PARALLEL_BYTES or workers < 2 or view.ndim == 0 or view.shape[0] < workers:
+        return np.ascontiguousarray(view)
+    out = np.empty(view.shape, view.dtype)
+    step = -(-view.shape[0] // workers)
+
+    def copy(lo: int) -> None:
+        out[lo : lo + step] = view[lo : lo + step]
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="jaxshare-transpose") as pool:
+        list(pool.map(copy, range(0, view.shape[0], step)))
+    return out

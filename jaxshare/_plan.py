@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import cast_to, numpy_dtype
-from jaxshare._perm import Perm
+from jaxshare._perm import Perm, contiguous_transpose
 from jaxshare._report import ArrayInfo
 from jaxshare._source import TensorSource
 
@@ -105,7 +105,7 @@ class Plan:
         if x.dtype != dtype:
             x = x.astype(dtype)
         if entry.perm is not None:
-            x = np.ascontiguousarray(np.transpose(x, entry.perm))
+            x = contiguous_transpose(x, entry.perm)
         if tuple(x.shape) != tuple(entry.info.shape):
             raise ValueError(
                 f"{source.where}: {entry.source!r} gives shape {tuple(x.shape)}, but the plan "
