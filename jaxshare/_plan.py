@@ -137,14 +137,20 @@ class Plan:
         again = [i + 1 < len(entries) and entries[i + 1].source == e.source
                  for i, e in enumerate(entries)]  # fmt: skip
         kept: dict[str, np.ndarray] = {}  # The source array the next entry reads too.
+        read_done = [threading.Event() for _ in entries]
 
         def read(i: int) -> np.ndarray:
             entry = entries[i]
-            x = kept.pop(entry.source, None)
-            if x is None:
-                x = source.array(entry.source)
-            if again[i]:  # (Counted in the next entry's cost, which holds it.)
-                kept[entry.source] = x
+            try:
+                if i and again[i - 1]:  # The entry before reads this source: share it.
+                    read_done[i - 1].wait()
+                x = kept.pop(entry.source, None)
+                if x is None:
+                    x = source.array(entry.source)
+                if again[i]:  # (Counted in the next entry's cost, which holds it.)
+                    kept[entry.source] = x
+            finally:
+                read_done[i].set()
             return self._converted(source, entry, x)
 
         jobs = [(self.cost(source, e), partial(read, i)) for i, e in enumerate(entries)]
@@ -173,55 +179,69 @@ class Plan:
 
 
 class ReadAhead(Generic[T]):
-    """Runs ``jobs`` in order in one background thread, ahead of the caller, holding
-    at most ``budget`` bytes of results the caller has not released.
+    """Runs ``jobs`` in order on a few background threads, ahead of the caller,
+    holding at most ``budget`` bytes of results the caller has not released.
 
     Each job is ``(cost, fn)``: ``fn()`` makes a value that holds about ``cost``
-    bytes while it is made and until it is released. A job starts only once its
-    cost fits the budget beside the values not yet released (a job costlier than
-    the whole budget starts once nothing is held, so the budget is never a
-    deadlock). Iterating gives the values in order; by default a value is
-    released when the next one is asked for. A caller that keeps values longer
-    (e.g. until an asynchronous write is done) iterates :meth:`held` and calls
-    :meth:`release` itself. Closing stops the thread; an error in a job is
-    raised to the caller.
+    bytes while it is made and until it is released. Jobs start in order, each
+    once its cost fits the budget beside the values not yet released (a job
+    costlier than the whole budget starts once nothing is held, so the budget is
+    never a deadlock); up to ``workers`` run at once, so small reads overlap.
+    Iterating gives the values in order; by default a value is released when
+    the next one is asked for. A caller that keeps values longer (e.g. until an
+    asynchronous write is done) iterates :meth:`held` and calls :meth:`release`
+    itself. Closing stops the threads; an error in a job is raised to the
+    caller, and no job starts after it.
 
     >>> with ReadAhead([(1, lambda: "a"), (1, lambda: "b")], budget=2) as ahead:
     ...     list(ahead)
     ['a', 'b']
     """
 
-    def __init__(self, jobs: Sequence[tuple[int, Callable[[], T]]], budget: int) -> None:
+    def __init__(
+        self, jobs: Sequence[tuple[int, Callable[[], T]]], budget: int, *, workers: int = 2
+    ) -> None:
         self._jobs = list(jobs)
         self._budget = budget
         self._held: dict[int, int] = {}  # Job index -> cost, until released.
         self._done: dict[int, tuple[bool, Any]] = {}  # Job index -> (ok, value or error).
+        self._next = 0  # The next job to start.
+        self._failed = False
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="jaxshare-read-ahead", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name="jaxshare-read-ahead", daemon=True)
+            for _ in range(max(1, min(workers, len(self._jobs))))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _claim(self) -> int | None:
+        """The next job to run once the budget allows it (its cost then held);
+        ``None`` when there is none left or the reader stops."""
+        with self._cond:
+            while True:
+                if self._closed or self._failed or self._next >= len(self._jobs):
+                    return None
+                i, cost = self._next, self._jobs[self._next][0]
+                if not self._held or sum(self._held.values()) + cost <= self._budget:
+                    self._next += 1
+                    self._held[i] = cost
+                    return i
+                self._cond.wait()
 
     def _run(self) -> None:
-        for i, (cost, fn) in enumerate(self._jobs):
-            with self._cond:
-                while self._held and sum(self._held.values()) + cost > self._budget:
-                    if self._closed:
-                        return
-                    self._cond.wait()
-                if self._closed:
-                    return
-                self._held[i] = cost
+        while (i := self._claim()) is not None:
             try:
-                result: tuple[bool, Any] = (True, fn())
+                result: tuple[bool, Any] = (True, self._jobs[i][1]())
             except BaseException as e:  # Handed to the caller, whatever it is.
                 result = (False, e)
             with self._cond:
                 if self._closed:
                     return
                 self._done[i] = result
+                self._failed = self._failed or not result[0]
                 self._cond.notify_all()
-                if not result[0]:
-                    return
             # Not kept past its release while the next job waits for the budget.
             del result
 
@@ -260,8 +280,9 @@ class ReadAhead(Generic[T]):
             self._done.clear()
             self._held.clear()
             self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
     def __enter__(self) -> ReadAhead[T]:
         return self

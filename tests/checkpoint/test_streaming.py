@@ -73,9 +73,11 @@ class CountingSource(TensorSource):
 
     def read(self, name: str) -> np.ndarray:
         info = self.infos[name]
-        array = np.full(info.shape, len(self.reads), np.float32)
-        with self._lock:
+        with self._lock:  # (Reads may run on several threads.)
             self.reads.append(name)
+            index = len(self.reads) - 1
+        array = np.full(info.shape, index, np.float32)
+        with self._lock:
             self.alive += array.nbytes
             self.peak = max(self.peak, self.alive)
         weakref.finalize(array, self._freed, array.nbytes)
@@ -372,6 +374,25 @@ def test_read_ahead_raises_a_job_error_to_the_caller() -> None:
             next(it)
 
 
+@pytest.mark.parametrize("cost, together", [(1, True), (2, False)])
+def test_read_ahead_runs_jobs_at_once_within_the_budget(cost: int, together: bool) -> None:
+    both = threading.Barrier(2, timeout=10 if together else 0.5)  # Each waits for the other.
+
+    def job(i: int) -> Any:
+        def make() -> int:
+            both.wait()
+            return i
+
+        return make
+
+    with ReadAhead([(cost, job(0)), (cost, job(1))], budget=2, workers=2) as ahead:
+        if together:
+            assert list(ahead) == [0, 1]
+        else:  # Two jobs of cost 2 never run at once within a budget of 2.
+            with pytest.raises(threading.BrokenBarrierError):
+                list(ahead)
+
+
 def test_read_ahead_stops_when_closed() -> None:
     started = []
     gate = threading.Event()
@@ -388,7 +409,7 @@ def test_read_ahead_stops_when_closed() -> None:
     gate.set()
     assert next(iter(ahead)) == 0
     ahead.close()  # Waits for the job under way, if any.
-    assert not ahead._thread.is_alive()
+    assert not any(t.is_alive() for t in ahead._threads)
     assert len(started) <= 2
 
 
