@@ -36,7 +36,9 @@ class TensorSource(abc.ABC):
     """Named tensors read one at a time, with their ties.
 
     Subclasses set :attr:`path`, :attr:`kind` and :attr:`infos`, and implement
-    :meth:`read`; the rest has defaults.
+    :meth:`read`; the rest has defaults. Conversions read ahead on two threads,
+    so :meth:`read`, :meth:`array` and :meth:`blocks` may run at once for
+    different names.
 
     Attributes:
       path: the file or directory the tensors come from (``None`` in memory).
