@@ -90,7 +90,7 @@ def numpy_dtype(dtype: torch.dtype, key: str = "?") -> np.dtype:
 
         found = _TO_NUMPY[dtype] = np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
         return found
-    supported = sorted(str(d).removeprefix("torch.") for d in [*_TO_NUMPY, *_ML_DTYPES])
+    supported = sorted({str(d).removeprefix("torch.") for d in [*_TO_NUMPY, *_ML_DTYPES]})
     raise TypeError(
         f"{key!r} has dtype {dtype}, which jaxshare cannot carry to JAX bit-exactly; "
         f"supported: {supported}. Cast it first (e.g. `tensor.float()`)."

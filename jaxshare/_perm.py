@@ -177,7 +177,8 @@ def contiguous_transpose(x: np.ndarray, perm: Perm | None) -> np.ndarray:
     if perm is None:
         return np.ascontiguousarray(x)
     view = np.transpose(x, perm)
-    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 4)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(cpus or 1, 4)
     if x.nbytes < _PARALLEL_BYTES or workers < 2 or view.ndim == 0 or view.shape[0] < workers:
         return np.ascontiguousarray(view)
     out = np.empty(view.shape, view.dtype)

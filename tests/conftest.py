@@ -63,8 +63,10 @@ def _run_once(
     worker: Path, args: Sequence[str], processes: int, timeout: float
 ) -> list[tuple[int, str]]:
     port = _free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # Each worker sets its own device count.
+    # Only tests/_support: tests/ itself would shadow the real `bridge` package.
+    paths = [str(ROOT / "tests" / "_support"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env.pop("XLA_FLAGS", None)  # Each worker sets its own device count (_jax_process.py).
     procs = [
         subprocess.Popen(
             [sys.executable, str(worker), str(i), str(processes), str(port), *args],
@@ -88,9 +90,10 @@ def _run_once(
 @pytest.fixture(scope="session")
 def run_processes() -> Callable[..., list[tuple[int, str]]]:
     """Runs ``python WORKER PROCESS_ID NUM_PROCESSES PORT *ARGS`` as ``processes``
-    processes of one ``jax.distributed`` job on a free localhost port; returns each
-    one's ``(exit status, output)``. A run whose port was taken between choosing it
-    and binding it is run again on a new port."""
+    processes of one ``jax.distributed`` job on a free localhost port
+    (``tests/_support`` on their path, for ``_jax_process``); returns each one's
+    ``(exit status, output)``. A run whose port was taken between choosing it and
+    binding it is run again on a new port."""
 
     def run(
         worker: Path, *args: str, processes: int = 2, timeout: float = 240

@@ -7,28 +7,18 @@ hold the right values. Importing this module does nothing.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 
 def run(process_id: int, num_processes: int, port: int, weights: str) -> dict:
     import jax
     import numpy as np
+    from _jax_process import joined
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from safetensors.numpy import load_file
 
     import bridge
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"localhost:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
-    try:
+    with joined(process_id, num_processes, port):
         mesh = Mesh(np.array(jax.devices()), ("x",))  # 2 processes x 2 devices
         target = {
             "params": {
@@ -76,12 +66,9 @@ def run(process_id: int, num_processes: int, port: int, weights: str) -> dict:
             "names_read": sorted({k for k, _ in reads}),
             "values_equal": equal,
         }
-    finally:
-        jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    pid, n, port, weights = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    print(json.dumps(run(pid, n, port, weights)))
+    from _jax_process import serve
+
+    serve(run)

@@ -9,31 +9,14 @@ collects it for doctests).
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 from pathlib import Path
 
-LOCAL_DEVICES = 2
 
+def run(process_id: int, num_processes: int, port: int, workdir: str, *scenarios: str) -> dict:
+    from _jax_process import joined
 
-def run(
-    process_id: int, num_processes: int, port: int, workdir: Path, scenarios: list[str]
-) -> dict:
-    import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"localhost:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
-    try:
-        return {s: _scenario(process_id, workdir / s, s) for s in scenarios}
-    finally:
-        jax.distributed.shutdown()
+    with joined(process_id, num_processes, port):
+        return {s: _scenario(process_id, Path(workdir) / s, s) for s in scenarios}
 
 
 def _scenario(process_id: int, workdir: Path, scenario: str) -> dict:
@@ -104,17 +87,7 @@ def _scenario(process_id: int, workdir: Path, scenario: str) -> dict:
     return out
 
 
-def main(argv: list[str]) -> None:
-    process_id, num_processes, port = int(argv[0]), int(argv[1]), int(argv[2])
-    workdir, scenarios = Path(argv[3]), argv[4:]
-    try:
-        result = run(process_id, num_processes, port, workdir, scenarios)
-    except BaseException:  # Report everything; the test shows it.
-        result = {"crash": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
-
-
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    main(sys.argv[1:])
+    from _jax_process import serve
+
+    serve(run)

@@ -8,27 +8,14 @@ item, and prints one JSON line: how many arrays it read, and what it reads back
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 from pathlib import Path
 
 
-def run(process_id: int, num_processes: int, port: int, workdir: Path) -> dict:
-    import jax
+def run(process_id: int, num_processes: int, port: int, workdir: str) -> dict:
+    from _jax_process import joined
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"localhost:{port}",
-        num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
-    try:
-        return _write(process_id, workdir)
-    finally:
-        jax.distributed.shutdown()
+    with joined(process_id, num_processes, port):
+        return _write(process_id, Path(workdir))
 
 
 def _write(process_id: int, workdir: Path) -> dict:
@@ -63,16 +50,7 @@ def _write(process_id: int, workdir: Path) -> dict:
     }
 
 
-def main(argv: list[str]) -> None:
-    process_id, num_processes, port = int(argv[0]), int(argv[1]), int(argv[2])
-    try:
-        result = run(process_id, num_processes, port, Path(argv[3]))
-    except BaseException:  # Report everything; the test shows it.
-        result = {"crash": traceback.format_exc()}
-    print(json.dumps(result), flush=True)
-
-
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    main(sys.argv[1:])
+    from _jax_process import serve
+
+    serve(run)

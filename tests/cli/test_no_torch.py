@@ -31,6 +31,25 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
+def _imports(modules: tuple[str, ...], *argv: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Runs ``jaxshare ARGV`` in a fresh process (torch installed); returns the run and
+    which of ``modules`` it imported, as a printed sorted list."""
+    code = (
+        "import sys\nfrom jaxshare.cli import main\n"
+        "status = main(sys.argv[2:])\n"
+        "print('imported:', sorted(m for m in sys.argv[1].split(',') if m in sys.modules))\n"
+        "sys.exit(status)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, ",".join(modules), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = next((line for line in done.stdout.splitlines() if line.startswith("imported:")), "")
+    return done, imported
+
+
 def test_help_needs_neither_torch_nor_jax():
     helped = subprocess.run(
         [
@@ -72,21 +91,10 @@ def test_torch_names_of_an_orbax_item_need_no_torch(tmp_path):
         tmp_path / "item", {"params": {"wte": {"embedding": emb}, "fc": {"kernel": kernel}}}
     )
     out = tmp_path / "out.safetensors"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys\nfrom jaxshare.cli import main\n"
-            "status = main(sys.argv[1:])\n"
-            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(status)\n",
-            *("convert", str(tmp_path / "item"), str(out), "--names", "torch"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done, imported = _imports(("torch",), "convert", str(tmp_path / "item"), str(out),
+                              "--names", "torch")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "torch imported: False" in done.stdout
+    assert imported == "imported: []"
     from safetensors.numpy import load_file
 
     written = load_file(out)
@@ -99,21 +107,9 @@ def test_a_safetensors_file_in_torch_names_converts_to_orbax_without_torch(tmp_p
     path = tmp_path / "model.safetensors"
     emb = np.arange(40, dtype=np.float32).reshape(10, 4)
     save_file({"wte.weight": emb, "fc.weight": np.ones((3, 4), np.float32)}, path)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys\nfrom jaxshare.cli import main\n"
-            "status = main(sys.argv[1:])\n"
-            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(status)\n",
-            *("convert", str(path), str(tmp_path / "ckpt"), "--quiet"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done, imported = _imports(("torch",), "convert", str(path), str(tmp_path / "ckpt"), "--quiet")
     assert done.returncode == 0, done.stderr
-    assert "torch imported: False" in done.stdout
+    assert imported == "imported: []"
     flat = checkpoint.consolidate(tmp_path / "ckpt")
     np.testing.assert_array_equal(flat["params/wte/embedding"], emb)
     assert flat["params/fc/kernel"].shape == (4, 3)
@@ -137,23 +133,9 @@ def test_a_deepspeed_folder_needs_neither_torch_nor_jax(repo_root, tmp_path, com
     out = tmp_path / "out.safetensors"
     argv = ["convert", str(folder), str(out), "--quiet"] if command == "convert" else [
         "inspect", str(folder)]  # fmt: skip
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys\nfrom jaxshare.cli import main\n"
-            "status = main(sys.argv[1:])\n"
-            "heavy = ('torch', 'jax')\n"
-            "print('imported:', sorted(m for m in heavy if m in sys.modules))\n"
-            "sys.exit(status)\n",
-            *argv,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done, imported = _imports(("torch", "jax"), *argv)
     assert done.returncode == 0, done.stderr
-    assert "imported: []" in done.stdout
+    assert imported == "imported: []"
     if command == "convert":
         with safe_open(out, "np") as f:
             assert "lm_head.weight" not in f.keys() and "transformer.wte.weight" in f.keys()
