@@ -121,8 +121,8 @@ def child(peer: str, mode: str, root: str, out: str) -> None:
     elif mode == "dict":
         state = bridge.load_deepspeed(root)
     else:
-        from jaxshare import Plan
         from jaxshare.formats import save_plan
+        from jaxshare.stream import Plan
 
         with bridge.DeepSpeedCheckpoint(root) as ckpt:
             save_plan(out, Plan.identity(ckpt), ckpt)

@@ -1,94 +1,74 @@
 """jaxshare's PyTorch bridge: tied weights across PyTorch and Flax, nothing lost.
 
-``import bridge`` fails at once where torch is not installed, but imports
-neither torch nor JAX; ``import jaxshare`` never imports this package. The
-bridge builds on jaxshare's public API (``jaxshare``, ``jaxshare.formats``,
-``jaxshare.checkpoint``) and its declared-internal ``jaxshare.internal``. Names
-are imported on first use, each with what it needs: reading PyTorch files,
-directories and DeepSpeed folders into safetensors files needs no JAX, and
-naming an Orbax item's arrays in PyTorch (:func:`torch_plan`) needs no torch.
+Torch only where torch is: ``import bridge`` needs neither torch nor JAX, and
+so do the names that read files, plan conversions and name tensors -- a
+DeepSpeed folder to safetensors, a Hugging Face directory to an Orbax item, an
+Orbax item to safetensors in PyTorch names, ``inspect``. The names that hand out
+or take torch tensors and modules (:func:`to_torch`, :func:`shared_params`,
+:func:`load_torch`, ...) need torch installed, and say so in one line on first
+use where it is not. The bridge builds on jaxshare's public API (``jaxshare``,
+``jaxshare.stream``, ``jaxshare.formats``, ``jaxshare.checkpoint``) and its
+declared-internal ``jaxshare.internal``; ``import jaxshare`` never imports it.
 """
 
-import importlib.util as _util
 import typing as _typing
 
 from jaxshare.internal import exports as _exports
 
-if _util.find_spec("torch") is None:  # torch's door: fail on import, not on first use.
-    raise ModuleNotFoundError(
-        "torch is not installed; install it with `pip install 'jaxshare[torch]'`.",
-        name="torch",
-    )
-
 if _typing.TYPE_CHECKING:
-    from bridge._names import DEFAULT_LAYERS as DEFAULT_LAYERS
-    from bridge._names import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
-    from bridge._names import DEFAULT_RULES as DEFAULT_RULES
-    from bridge._zero import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from bridge._convert import convert as convert
+    from bridge._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from bridge._deepspeed import load_deepspeed as load_deepspeed
+    from bridge._flax_placement import FlaxPlan as FlaxPlan
+    from bridge._flax_placement import flax_plan as flax_plan
     from bridge._hf_dir import HFDirectory as HFDirectory
-    from bridge._names import Rule as Rule
-    from bridge._names import Rules as Rules
-    from bridge._to_flax import flax_alias_map as flax_alias_map
-    from bridge._plans import flax_plan as flax_plan
-    from bridge._zero import load_deepspeed as load_deepspeed
-    from bridge._safetensors import load_safetensors as load_safetensors
-    from bridge._torchfile import load_torch as load_torch
-    from bridge._open import open_source as open_source
     from bridge._hf_save import save_hf as save_hf
+    from bridge._inspect import inspect as inspect
+    from bridge._open import open_source as open_source
+    from bridge._outputs import FORMATS as FORMATS
+    from bridge._outputs import NAMES as NAMES
+    from bridge._rules import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
+    from bridge._rules import DEFAULT_LAYERS as DEFAULT_LAYERS
+    from bridge._rules import DEFAULT_RULES as DEFAULT_RULES
+    from bridge._rules import Rule as Rule
+    from bridge._rules import Rules as Rules
+    from bridge._safetensors import load_safetensors as load_safetensors
     from bridge._safetensors import save_safetensors as save_safetensors
-    from bridge._torchfile import save_torch as save_torch
     from bridge._shared import shared_params as shared_params
+    from bridge._to_flax import flax_alias_map as flax_alias_map
     from bridge._to_flax import to_flax as to_flax
     from bridge._to_torch import to_torch as to_torch
-    from bridge._to_torch import torch_alias_map as torch_alias_map
-    from bridge._plans import torch_plan as torch_plan
+    from bridge._torch_naming import TorchPlan as TorchPlan
+    from bridge._torch_naming import torch_alias_map as torch_alias_map
+    from bridge._torch_naming import torch_plan as torch_plan
+    from bridge._torchfile import load_torch as load_torch
+    from bridge._torchfile import save_torch as save_torch
 
-__all__ = [
-    "DEFAULT_LAYERS",
-    "DEFAULT_LAYER_NAMES",
-    "DEFAULT_RULES",
-    "DeepSpeedCheckpoint",
-    "HFDirectory",
-    "Rule",
-    "Rules",
-    "flax_alias_map",
-    "flax_plan",
-    "load_deepspeed",
-    "load_safetensors",
-    "load_torch",
-    "open_source",
-    "save_hf",
-    "save_safetensors",
-    "save_torch",
-    "shared_params",
-    "to_flax",
-    "to_torch",
-    "torch_alias_map",
-    "torch_plan",
-]
-
-_HOMES = {
-    "DEFAULT_LAYERS": "bridge._names",
-    "DEFAULT_LAYER_NAMES": "bridge._names",
-    "DEFAULT_RULES": "bridge._names",
-    "DeepSpeedCheckpoint": "bridge._zero",
-    "HFDirectory": "bridge._hf_dir",
-    "Rule": "bridge._names",
-    "Rules": "bridge._names",
-    "flax_alias_map": "bridge._to_flax",
-    "flax_plan": "bridge._plans",
-    "load_deepspeed": "bridge._zero",
-    "load_safetensors": "bridge._safetensors",
-    "load_torch": "bridge._torchfile",
-    "open_source": "bridge._open",
-    "save_hf": "bridge._hf_save",
-    "save_safetensors": "bridge._safetensors",
-    "save_torch": "bridge._torchfile",
-    "shared_params": "bridge._shared",
-    "to_flax": "bridge._to_flax",
-    "to_torch": "bridge._to_torch",
-    "torch_alias_map": "bridge._to_torch",
-    "torch_plan": "bridge._plans",
-}
-
-__getattr__, __dir__ = _exports(__name__, _HOMES)
+__getattr__, __dir__, __all__ = _exports(
+    __name__,
+    {
+        # Torch-free: files, plans, naming.
+        "bridge._convert": ["convert"],
+        "bridge._flax_placement": ["FlaxPlan", "flax_plan"],
+        "bridge._hf_dir": ["HFDirectory"],
+        "bridge._hf_save": ["save_hf"],
+        "bridge._inspect": ["inspect"],
+        "bridge._open": ["open_source"],
+        "bridge._outputs": ["FORMATS", "NAMES"],
+        "bridge._rules": [
+            "DEFAULT_LAYERS",
+            "DEFAULT_LAYER_NAMES",
+            "DEFAULT_RULES",
+            "Rule",
+            "Rules",
+        ],
+        "bridge._to_flax": ["flax_alias_map", "to_flax"],
+        "bridge._torch_naming": ["TorchPlan", "torch_alias_map", "torch_plan"],
+        # torch: tensors and modules in and out.
+        "bridge._deepspeed": ["DeepSpeedCheckpoint", "load_deepspeed"],
+        "bridge._safetensors": ["load_safetensors", "save_safetensors"],
+        "bridge._shared": ["shared_params"],
+        "bridge._to_torch": ["to_torch"],
+        "bridge._torchfile": ["load_torch", "save_torch"],
+    },
+)

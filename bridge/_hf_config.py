@@ -2,11 +2,8 @@
 
 ``save_pretrained`` leaves a tied tensor out of the files (``lm_head.weight`` when
 it is ``transformer.wte.weight``): only the config says the tie exists. Where
-``transformers`` is installed, the model class of ``config.json`` is built on the
-meta device (no memory, no weights, no download, no remote code) and tells
-exactly: ``all_tied_weights_keys`` (transformers 5; ``_tied_weights_keys`` and the
-input/output embeddings before it), parameters one module reaches by several
-names, and the class of every module (so a GPT-2 ``Conv1D`` is known as one).
+``transformers`` (and torch) are installed, the model class of ``config.json`` is
+built on the meta device and tells exactly (:mod:`bridge._hf_meta`).
 
 Without ``transformers`` a table of the usual names stands in
 (:data:`WORD_EMBEDDING_HEADS`, :data:`INPUT_EMBEDDINGS`, :data:`ALWAYS_TIED`),
@@ -17,20 +14,17 @@ embeddings are tied.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import logging
 import os
 import re
-import warnings
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from bridge._names import Rules, layer_kind
+from bridge._rules import Rules
 
 __all__ = [
     "ALWAYS_TIED",
@@ -40,7 +34,7 @@ __all__ = [
     "config_dict",
     "config_ties",
     "encoder_decoder_ties",
-    "tie_groups",
+    "has_transformers",
 ]
 
 #: Model types whose word embeddings transformers ties whatever
@@ -148,9 +142,10 @@ def config_dict(config: Any) -> dict:
 
 
 def has_transformers() -> bool:
-    """Whether ``transformers`` can be imported (without importing it)."""
+    """Whether ``transformers`` and torch (which its model classes need) can be
+    imported, without importing them."""
     try:
-        return importlib.util.find_spec("transformers") is not None
+        return all(importlib.util.find_spec(m) is not None for m in ("transformers", "torch"))
     except (ImportError, ValueError):  # A module set to None in sys.modules: blocked.
         return False
 
@@ -172,7 +167,9 @@ def config_ties(
     if use_transformers is None:
         use_transformers = has_transformers()
     if use_transformers:
-        found = _meta_model_ties(config, rules)
+        from bridge._hf_meta import meta_model_ties  # (torch and transformers)
+
+        found = meta_model_ties(config, rules)
         if found is not None:
             return found
     return _table_ties(config, stored)
@@ -234,60 +231,6 @@ def _table_ties(config: Mapping[str, Any], stored: Collection[str]) -> ConfigTie
     return ConfigTies(ties, unnamed=tuple(unnamed))
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """transformers' warnings and log lines off, for a model that is never run."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-def _meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | None:
-    """The ties and layers of the model class of ``config``, built on the meta
-    device; ``None`` when transformers cannot build it."""
-    import torch
-
-    try:
-        import transformers  # (Configures its logger: quieted only after the import.)
-    except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
-        return None
-    with _quiet():
-        try:
-            model_type = config.get("model_type")
-            if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
-                return None
-            hf_config = transformers.CONFIG_MAPPING[model_type].from_dict(dict(config))
-            architectures = config.get("architectures") or []
-            cls = None
-            if architectures and isinstance(architectures[0], str):
-                cls = getattr(transformers, architectures[0], None)
-            with torch.device("meta"):
-                if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
-                    model = cls._from_config(hf_config)  # type: ignore[attr-defined]
-                else:
-                    model = transformers.AutoModel.from_config(hf_config)
-        except Exception:  # noqa: BLE001 -- any failure: the table decides instead.
-            return None
-    ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
-    if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
-        ties = _v4_ties(model)
-    names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
-    # A parameter reached by several names (a module registered twice) is a tie too.
-    first: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        canonical = first.setdefault(id(param), name)
-        if canonical != name and name not in ties:
-            ties[name] = canonical
-    layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
-    return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
-
-
 def encoder_decoder_ties(
     names: Mapping[str, tuple[int, ...]], stored: Mapping[str, Any]
 ) -> dict[str, str]:
@@ -314,52 +257,3 @@ def encoder_decoder_ties(
                 ties[name] = candidate
                 break
     return ties
-
-
-def _v4_ties(model: Any) -> dict[str, str]:
-    """transformers 4: the output embedding tied to the input embedding."""
-    ties: dict[str, str] = {}
-    if not getattr(model.config, "tie_word_embeddings", True):
-        return ties
-    try:
-        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        return ties
-    if inp is None or out is None:
-        return ties
-    names = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
-    if id(inp) in names and id(out) in names:
-        ties[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
-    return ties
-
-
-def tie_groups(ties: Mapping[str, str]) -> list[list[str]]:
-    """The tie groups of ``{alias: canonical}`` (chains joined), each in order of
-    first mention, a canonical before its aliases.
-
-    >>> tie_groups({"b": "a", "c": "b", "y": "x"})
-    [['a', 'b', 'c'], ['x', 'y']]
-    """
-    parent: dict[str, str] = {}
-
-    def find(n: str) -> str:
-        parent.setdefault(n, n)
-        while parent[n] != n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    order: list[str] = []
-    for alias, canonical in ties.items():
-        for m in (canonical, alias):
-            if m not in parent:
-                order.append(m)
-        parent.setdefault(canonical, canonical)
-        parent.setdefault(alias, alias)
-        ra, rc = find(alias), find(canonical)
-        if ra != rc:
-            parent[ra] = rc
-    groups: dict[str, list[str]] = {}
-    for m in order:
-        groups.setdefault(find(m), []).append(m)
-    return list(groups.values())

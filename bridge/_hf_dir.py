@@ -2,7 +2,7 @@
 
 :class:`HFDirectory` reads what ``save_pretrained`` writes -- ``config.json`` with
 ``model.safetensors``, or shards listed in ``model.safetensors.index.json``, or
-the ``pytorch_model.bin`` flavour of either -- as a :class:`jaxshare.TensorSource`.
+the ``pytorch_model.bin`` flavour of either -- as a :class:`jaxshare.stream.TensorSource`.
 Its ties come from three places, each recorded as the tie's origin:
 
 - ``"metadata"``: the alias map jaxshare writes into each shard's metadata;
@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from bridge._hf_config import ConfigTies, config_dict, config_ties, encoder_decoder_ties, tie_groups
-from bridge._names import Rules, as_rules
-from bridge._sources import StateDictSource
-from jaxshare import AliasMap, ArrayInfo, TensorSource
-from jaxshare.formats import CONFIG_FILE, SafetensorsFile, hf_layout
+from bridge._hf_config import ConfigTies, config_dict, config_ties, encoder_decoder_ties
+from bridge._rules import Rules, as_rules
+from jaxshare import AliasMap
+from jaxshare.formats import CONFIG_FILE, hf_layout, open_weights_file, read_index
 from jaxshare.internal import Index, file_part
+from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["HFDirectory"]
 
@@ -38,10 +38,10 @@ __all__ = ["HFDirectory"]
 class HFDirectory(TensorSource):
     """A Hugging Face model directory (or its index file), read lazily.
 
-    Shards are mapped (safetensors) or loaded with
-    ``torch.load(mmap=True, weights_only=True)`` (``.bin``), so a tensor is read
-    only when asked for; names, shapes, dtypes and ties come from the headers,
-    the index and ``config.json``.
+    Shards are mapped, safetensors and ``.bin`` alike (the latter read by
+    jaxshare's restricted unpickler: no torch, no pickle code run), so a tensor
+    is read only when asked for; names, shapes, dtypes and ties come from the
+    headers, the index and ``config.json``.
 
     Args:
       path: the directory, or its ``*.index.json``.
@@ -95,7 +95,7 @@ class HFDirectory(TensorSource):
         owner: dict[str, int] = {}
         infos: dict[str, ArrayInfo] = {}
         for i, file in enumerate(layout.files):
-            shard = _open_shard(file, rules)
+            shard = open_weights_file(file)
             self._shards.append(shard)
             for name, info in shard.infos.items():
                 if name in owner:
@@ -162,7 +162,14 @@ class HFDirectory(TensorSource):
         if self.config and self.config.get("tie_encoder_decoder") and found.names is not None:
             for alias, canonical in encoder_decoder_ties(found.names, infos).items():
                 declared.setdefault(alias, canonical)
-        groups = tie_groups(declared)
+        mention: dict[str, int] = {}  # Each name's first mention, a canonical before its alias.
+        for alias, canonical in declared.items():
+            mention.setdefault(canonical, len(mention))
+            mention.setdefault(alias, len(mention))
+        groups = [
+            sorted([canonical, *aliases], key=mention.__getitem__)
+            for canonical, aliases in AliasMap(declared).groups().items()
+        ]
         order = {name: i for i, name in enumerate(found.names or ())}
         for members in groups:
             present = [m for m in members if m in infos or m in ties]
@@ -207,19 +214,9 @@ class HFDirectory(TensorSource):
             shard.close()
 
 
-def _open_shard(file: Path, rules: Rules) -> TensorSource:
-    if file.suffix == ".safetensors":
-        return SafetensorsFile(file)
-    from bridge._torchfile import load_torch
-
-    return StateDictSource(load_torch(file, mmap=True), rules, arg=str(file), path=file)
-
-
 def _check_index(index: Path, files: tuple[Path, ...], owner: Mapping[str, int]) -> None:
     """Every name the index lists is in the shard it names, and every stored name
     is listed."""
-    from jaxshare.formats import read_index
-
     weight_map = read_index(index).weight_map
     position = {f.name: i for i, f in enumerate(files)}
     for name, file in weight_map.items():

@@ -13,81 +13,73 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bridge._hf_config import ConfigTies, config_dict, config_ties, tie_groups
-from bridge._names import Rule, Rules, as_rules
-from bridge._sources import StateDictSource
-from jaxshare import AliasMap, Plan, PlanEntry, ProgressFn, TensorSource
+from bridge._hf_config import ConfigTies, config_dict, config_ties
+from bridge._open import open_source
+from bridge._rules import Rule, Rules, as_rules
+from bridge._torch_naming import torch_plan
+from jaxshare import AliasMap
 from jaxshare.formats import (
     CONFIG_FILE,
     DEFAULT_MAX_SHARD_SIZE,
-    HF_DIRECTORY,
     SAFE_INDEX,
     SAFE_WEIGHTS,
     TensorSpec,
-    is_item,
     parse_size,
     shard_name,
-    tie_metadata,
     write_safetensors,
 )
-from jaxshare.internal import atomic_output, compose, float_dtype
+from jaxshare.internal import (
+    HF_DIRECTORY,
+    atomic_output,
+    compose,
+    float_dtype,
+    is_floating,
+    is_nnx_module,
+    numpy_dtype,
+    tie_metadata,
+)
+from jaxshare.stream import Plan, PlanEntry, ProgressFn, TensorSource
 
 __all__ = ["save_hf"]
 
 _GENERATION_CONFIG = "generation_config.json"
 
 
-def _flax_named(source: TensorSource) -> bool:
-    return source.kind == "orbax" or any("/" in name for name in source.infos)
-
-
-def _open_any(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource:
-    """A source of whatever ``save_hf`` was given; Flax trees are named in PyTorch
-    by their naming record, else after ``like()`` (the config's meta model, or
-    ``None``: by the rules)."""
-    from jaxshare.internal import is_nnx_module
-
-    if isinstance(what, TensorSource):
-        return what
-    if isinstance(what, (str, os.PathLike)):
-        path = Path(what)
-        if path.is_dir() and (is_item(path) or any(is_item(p) for p in path.iterdir())):
-            from jaxshare import checkpoint
-
-            return checkpoint.open_source(path)
-        from bridge._open import open_source
-
-        return open_source(path, rules, arg="source_or_tree")
-    import torch
-
-    if isinstance(what, torch.nn.Module) or (
-        isinstance(what, Mapping)
-        and what
-        and all(isinstance(v, torch.Tensor) for v in what.values())
-    ):
-        return StateDictSource(what, rules, arg="source_or_tree")
+def _source_of(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource:
+    """A source of whatever ``save_hf`` was given: :func:`bridge.open_source` of a
+    path, a source, a module or a state dict; a Flax tree is named in PyTorch by
+    :func:`bridge.to_torch` (its naming record, else ``like()``, the config's meta
+    model) and read as that state dict."""
     from jaxshare import Tied
 
-    if isinstance(what, (Tied, Mapping)) or is_nnx_module(what):
-        from bridge._to_torch import to_torch
+    flax_tree = isinstance(what, Tied) or is_nnx_module(what)
+    if isinstance(what, Mapping) and not isinstance(what, TensorSource):
+        flax_tree = not _is_state_dict(what)
+    if not flax_tree:
+        return open_source(what, rules, arg="source_or_tree")
+    from bridge._sources import StateDictSource
+    from bridge._to_torch import to_torch
 
-        named = isinstance(what, Tied) and what.alias_map.naming is not None
-        state = to_torch(what, rules=rules, like=None if named else like())
-        return StateDictSource(state, rules, arg="source_or_tree")
-    raise TypeError(
-        "`source_or_tree` must be a path, a jaxshare.TensorSource, a torch module or state "
-        f"dict, Flax variables, a jaxshare.Tied or an nnx.Module, got {type(what).__name__}."
+    named = isinstance(what, Tied) and what.alias_map.naming is not None
+    state = to_torch(what, rules=rules, like=None if named else like())
+    return StateDictSource(state, rules, arg="source_or_tree")
+
+
+def _is_state_dict(mapping: Mapping) -> bool:
+    """A mapping of torch tensors (not of Flax arrays and subtrees)."""
+    torch = sys.modules.get("torch")  # (A tensor exists only once torch is imported.)
+    return (
+        torch is not None
+        and bool(mapping)
+        and all(isinstance(v, torch.Tensor) for v in mapping.values())
     )
-
-
-def _groups_of(ties: Mapping[str, str]) -> dict[str, int]:
-    return {m: i for i, members in enumerate(tie_groups(ties)) for m in members}
 
 
 def _outputs(
@@ -96,13 +88,17 @@ def _outputs(
     """The entries to write: the plan's, plus each alias the config does not tie
     (transformers reads no alias map) read from its canonical's source, in the
     model's ``state_dict()`` order where it is known."""
-    group = _groups_of(tied_by_config)
+    declared = AliasMap(tied_by_config)
     by_name = {e.name: e for e in plan.entries}
     amap = plan.alias_map
     entries = list(plan.entries)
     for alias, canonical in amap.items():
         perm = amap.transform(alias)
-        if perm is None and alias in group and group[alias] == group.get(canonical):
+        if (
+            perm is None
+            and alias in declared
+            and declared[alias] == declared.get(canonical, canonical)
+        ):
             continue  # Left out, as save_pretrained leaves it out.
         c = by_name[canonical]
         entries.append(PlanEntry(alias, c.source, compose(perm, c.perm), c.info.permuted(perm)))
@@ -137,7 +133,7 @@ def _shards(entries: list[PlanEntry], limit: int) -> list[list[PlanEntry]]:
 def _config_text(config: Any, cfg: dict, entries: list[PlanEntry]) -> bytes:
     """``config.json`` as given (the file's own bytes where nothing changes), its
     ``dtype`` set to the weights' floating dtype when they all share one."""
-    floats = {e.info.dtype for e in entries if _is_float(e.info.dtype)}
+    floats = {e.info.dtype for e in entries if is_floating(e.info.dtype)}
     changed = False
     if len(floats) == 1:
         (dtype,) = floats
@@ -149,22 +145,6 @@ def _config_text(config: Any, cfg: dict, entries: list[PlanEntry]) -> bytes:
         path = Path(config)
         return (path / CONFIG_FILE if path.is_dir() else path).read_bytes()
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    try:
-        parsed = float_dtype(name)
-    except ValueError:
-        return np.dtype(name)
-    return np.dtype(name) if parsed is None else parsed
-
-
-def _is_float(name: str) -> bool:
-    try:
-        float_dtype(name)
-    except ValueError:
-        return False
-    return True
 
 
 def save_hf(
@@ -198,7 +178,7 @@ def save_hf(
     Args:
       directory: the output directory.
       source_or_tree: a path (an Orbax item, a weights file, a Hugging Face or
-        DeepSpeed directory), a :class:`jaxshare.TensorSource`, a torch module
+        DeepSpeed directory), a :class:`jaxshare.stream.TensorSource`, a torch module
         or state dict, Flax variables, a :class:`jaxshare.Tied` or an
         ``nnx.Module`` (Flax trees are named in PyTorch by :func:`bridge.to_torch`).
       config: ``config.json``: a path, a dict or a ``PretrainedConfig``; default:
@@ -239,7 +219,7 @@ def save_hf(
             )
         return meta(config).model
 
-    source = _open_any(source_or_tree, rules, like)
+    source = _source_of(source_or_tree, rules, like)
     try:
         if config is None:
             config = getattr(source, "config", None)
@@ -252,9 +232,7 @@ def save_hf(
         cfg = config_dict(config)
         found = meta(cfg)
         if plan is None:
-            if _flax_named(source):
-                from bridge._plans import torch_plan
-
+            if source.flax_named:
                 named = source.ties.naming is not None
                 plan = torch_plan(source, rules=rules, like=None if named else found.model)
             else:
@@ -320,7 +298,7 @@ def _write(
                 naming=amap.naming,
             )
             metadata = {"format": "pt", **tie_metadata(shard_map)}
-            specs = [TensorSpec(e.name, e.info.shape, _numpy_dtype(e.info.dtype)) for e in shard]
+            specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in shard]
             with write_safetensors(tmp / name, specs, metadata) as write:
                 for entry in shard:
                     write(plan.blocks(source, entry))

@@ -14,11 +14,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
-from bridge._shared import memory_ties
-from bridge._tensors import numpy_dtype, numpy_view
+from bridge._shared import tensor_ties
+from bridge._tensors import as_numpy, numpy_dtype
 from jaxshare import AliasMap
 from jaxshare.formats import (
     ALIAS_MAP_KEY,
@@ -91,21 +90,14 @@ def save_safetensors(
     True
     """
     state = _check_state_dict(state_dict)
-    aliases, transforms = memory_ties(state)
+    aliases, transforms = tensor_ties(state)
     meta = {"format": "pt", **(metadata or {})}
     meta[ALIAS_MAP_KEY] = AliasMap(aliases, transforms=transforms).to_json()
     stored = [k for k in state if k not in aliases]
     specs = [TensorSpec(k, tuple(state[k].shape), numpy_dtype(state[k].dtype, k)) for k in stored]
     with write_safetensors(path, specs, meta, force=force, inputs=inputs) as write:
         for key in stored:
-            write((_to_numpy(state[key], key),))
-
-
-def _to_numpy(t: torch.Tensor, key: str) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return numpy_view(t.contiguous(), key)
+            write((as_numpy(state[key], key),))
 
 
 def _retie(path: Any, state: dict[str, torch.Tensor], amap: AliasMap) -> dict[str, torch.Tensor]:

@@ -1,24 +1,23 @@
-"""PyTorch state dicts in memory as :class:`jaxshare.TensorSource`: a module's,
-a state dict, a loaded ``.pt``/``.bin`` file (:func:`bridge.open_source` opens
-whatever a user has).
+"""PyTorch state dicts in memory as a :class:`jaxshare.stream.TensorSource`: a
+module's, or a state dict (:func:`bridge.open_source` opens whatever a user has;
+a ``.pt``/``.bin`` file is read without torch, by ``jaxshare.formats.TorchFile``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from bridge._names import Rules, layer_kind
+from bridge._rules import Rules, layer_kind
 from bridge._shared import shared_params, state_dict_of
-from bridge._tensors import numpy_dtype, numpy_view
-from jaxshare import AliasMap, ArrayInfo, TensorSource
-from jaxshare.internal import Index, file_part
+from bridge._tensors import as_numpy, numpy_dtype
+from jaxshare import AliasMap
+from jaxshare.internal import Index
+from jaxshare.stream import ArrayInfo, TensorSource
 
-__all__ = ["StateDictSource", "as_numpy"]
+__all__ = ["StateDictSource"]
 
 
 class StateDictSource(TensorSource):
@@ -43,8 +42,6 @@ class StateDictSource(TensorSource):
         rules: Rules,
         *,
         arg: str = "state_dict_or_module",
-        path: Path | None = None,
-        extra_ties: Mapping[str, str] | None = None,
     ) -> None:
         state = state_dict_of(module_or_state_dict, arg)
         for key, value in state.items():
@@ -58,17 +55,12 @@ class StateDictSource(TensorSource):
                     f"`{arg}` entry {key!r} is a {type(value).__name__}, not a tensor; drop it "
                     "(e.g. a module's extra state) before converting."
                 )
-        self.path = path
         self.state = state
         self.infos = {
             k: ArrayInfo(tuple(t.shape), numpy_dtype(t.dtype, k).name) for k, t in state.items()
         }
         ties = shared_params(state)
         self.origins = dict.fromkeys(ties, "storage")
-        for alias, canonical in (extra_ties or {}).items():
-            if alias not in ties:
-                ties[alias] = canonical
-                self.origins[alias] = "recorded"
         self.ties = AliasMap(ties)
         self.buffers: frozenset[str] | None = None
         if isinstance(module_or_state_dict, torch.nn.Module):
@@ -78,9 +70,6 @@ class StateDictSource(TensorSource):
             self.layers = {
                 p: layer_kind(m, rules) for p, m in module.named_modules(remove_duplicate=False)
             }
-        if path is not None:
-            self.kind = "torch"
-            self.parts = (file_part(path, len(state)),)
 
     @property
     def written_out(self) -> frozenset[str]:
@@ -94,13 +83,3 @@ class StateDictSource(TensorSource):
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return as_numpy(self.state[name][index], name)
-
-
-def as_numpy(value: Any, name: str = "?") -> np.ndarray:
-    """A numpy array of ``value`` (a tensor becomes a view of its memory where it can)."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        return numpy_view(t.contiguous(), name)
-    return np.asarray(value)

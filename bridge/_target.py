@@ -3,7 +3,8 @@
 A target is any pytree of arrays, ``jax.ShapeDtypeStruct`` or NNX Variables --
 linen variables, a params dict, an ``nnx.State`` -- or an ``nnx.Module`` (its
 ``nnx.state``). It is read once into ``{path: leaf}`` and rebuilt with new
-leaves, so the result has exactly its structure and types.
+leaves, so the result has exactly its structure and types. Paths are tuples of
+``str`` keys (a list index ``0`` is ``"0"``, as a PyTorch name spells it).
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ from typing import Any
 import jax
 
 from jaxshare import find_shared
-from jaxshare.internal import is_nnx_module, is_variable, keypath_to_path, render, variable_value
+from jaxshare.internal import (
+    is_nnx_module,
+    is_variable,
+    keypath_to_path,
+    render_part,
+    split,
+    variable_value,
+)
 
 __all__ = ["TargetTree", "target_tree"]
+
+FlaxPath = tuple[str, ...]
 
 
 def _placement(leaf: Any) -> Any:
@@ -46,11 +56,11 @@ class TargetTree:
     """
 
     treedef: Any
-    leaves: list[tuple[str, Any]]
-    shared: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, ...]] = field(init=False)
-    index: dict[str, tuple[int, ...]] = field(init=False)
-    shardings: dict[str, Any] = field(init=False)
+    leaves: list[tuple[FlaxPath, Any]]
+    shared: dict[FlaxPath, tuple[int, ...]] = field(default_factory=dict)
+    shapes: dict[FlaxPath, tuple[int, ...]] = field(init=False)
+    index: dict[FlaxPath, tuple[int, ...]] = field(init=False)
+    shardings: dict[FlaxPath, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         values = [(p, variable_value(v)) for p, v in self.leaves]
@@ -63,7 +73,7 @@ class TargetTree:
         object.__setattr__(self, "index", {**self.shared, **shapes})
         object.__setattr__(self, "shardings", shardings)
 
-    def build(self, values: Mapping[str, Any]) -> Any:
+    def build(self, values: Mapping[FlaxPath, Any]) -> Any:
         """The tree with the leaf at each path of ``values`` replaced (placed as
         the leaf asked, inside its Variable for NNX)."""
         out = []
@@ -87,12 +97,17 @@ def target_tree(like: Any) -> TargetTree:
 
         like = nnx.state(module)
     flat, treedef = jax.tree_util.tree_flatten_with_path(like, is_leaf=is_variable)
-    leaves = [(render(keypath_to_path(kp)), leaf) for kp, leaf in flat]
-    shared: dict[str, tuple[int, ...]] = {}
+    leaves = [(_str_path(keypath_to_path(kp)), leaf) for kp, leaf in flat]
+    shared: dict[FlaxPath, tuple[int, ...]] = {}
     if module is not None:
         kept = dict(leaves)
-        for alias, canonical in find_shared(module).items():
-            value = variable_value(kept.get(canonical))
-            if alias not in kept and hasattr(value, "shape"):
-                shared[alias] = tuple(value.shape)
+        for alias, canonical in find_shared(module).items():  # (Rendered: split back.)
+            value = variable_value(kept.get(split(canonical)))
+            if split(alias) not in kept and hasattr(value, "shape"):
+                shared[split(alias)] = tuple(value.shape)
     return TargetTree(treedef, leaves, shared)
+
+
+def _str_path(path: tuple[str | int, ...]) -> FlaxPath:
+    """A key path with every key a ``str``, as rendering spells it (``0`` is ``"0"``)."""
+    return tuple(render_part(part, path) for part in path)

@@ -12,11 +12,9 @@ narrow an ``int64`` step counter to ``int32``. Such arrays stay numpy arrays
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,13 +25,14 @@ if TYPE_CHECKING:
     import jax
 
 __all__ = [
-    "numpy_dtype",
-    "tensor_of",
-    "numpy_view",
-    "parallel_map",
     "arrays_sharing_memory",
+    "as_numpy",
+    "numpy_dtype",
+    "numpy_view",
     "permuted_copy",
     "shares_memory_as_array",
+    "tensor_of",
+    "tensor_over",
     "to_array",
     "to_tensor",
 ]
@@ -105,6 +104,39 @@ def numpy_view(t: torch.Tensor, key: str) -> np.ndarray:
     return t.numpy()
 
 
+def as_numpy(t: torch.Tensor, key: str = "?") -> np.ndarray:
+    """A C-contiguous numpy array of ``t``'s values: a view of its memory where
+    it is a contiguous CPU tensor already, else one copy.
+
+    >>> as_numpy(torch.arange(6.0).reshape(2, 3).t()).tolist()
+    [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    """
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return numpy_view(t.contiguous(), key)
+
+
+def tensor_over(a: np.ndarray, key: str = "?") -> torch.Tensor:
+    """A tensor over the memory of the writable numpy array ``a``, any strides
+    (a permuted view stays a view: one memory, as ``torch.load`` gives a tied
+    tensor's names).
+
+    >>> w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> t = tensor_over(w.T)
+    >>> t.shape, t.data_ptr() == w.ctypes.data
+    (torch.Size([3, 2]), True)
+    """
+    torch_dtype = _torch_dtype(a.dtype)
+    if torch_dtype is None:
+        raise TypeError(
+            f"{key!r} has dtype {a.dtype}, which has no PyTorch equivalent; cast it first."
+        )
+    if a.dtype.name in _EXOTIC:
+        return torch.from_numpy(a.view(_BITS[a.dtype.itemsize][0])).view(torch_dtype)
+    return torch.from_numpy(a)
+
+
 def to_array(
     tensor: torch.Tensor | np.ndarray,
     perm: Perm | None = None,
@@ -114,8 +146,7 @@ def to_array(
 ) -> jax.Array | np.ndarray:
     """``tensor`` permuted by ``perm`` (torch -> Flax layout), as a JAX array.
 
-    A numpy array (a tensor read from a mapped file) is copied once, permuted on
-    the way.
+    A numpy array is copied once, permuted on the way.
 
     The array shares the tensor's memory when no permutation is needed, the
     tensor is contiguous and on the CPU, and no ``sharding`` asks to place it
@@ -275,42 +306,7 @@ def tensor_of(array: np.ndarray, perm: Perm | None = None, *, key: str = "?") ->
 
 
 def _from_numpy(a: np.ndarray, key: str) -> torch.Tensor:
-    dtype = a.dtype
-    torch_dtype = _torch_dtype(dtype)
-    if torch_dtype is None:
-        raise TypeError(
-            f"{key!r} has dtype {dtype}, which has no PyTorch equivalent; cast it first."
-        )
+    """A contiguous tensor over ``a`` (a C-ordered copy of it first, if it is not)."""
     if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d.)
         a = a.copy(order="C")
-    if dtype.name in _EXOTIC:
-        return torch.from_numpy(a.view(_BITS[dtype.itemsize][0])).view(torch_dtype)
-    return torch.from_numpy(a)
-
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-#: Threads converting arrays at once: copies and page faults then overlap.
-MAX_WORKERS = 4
-
-
-def parallel_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
-    """``map(fn, items)`` on a few threads (numpy and torch copies release the
-    GIL), results in order as they come; an error is raised at its item.
-
-    >>> list(parallel_map(lambda x: x * 2, [1, 2, 3]))
-    [2, 4, 6]
-    """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(MAX_WORKERS, cpus, len(items))
-    if workers <= 1:
-        yield from map(fn, items)
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="jaxshare-bridge") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        try:
-            for future in futures:
-                yield future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+    return tensor_over(a, key)

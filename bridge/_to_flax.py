@@ -5,82 +5,123 @@ finds them). In Flax it becomes one leaf, at the first name's place, and an
 ``AliasMap`` entry for every other name. Where the two ends of a tie get
 different layouts (an Embedding ``weight`` reused as a Linear ``weight``: Flax
 ``embedding`` and ``kernel == embedding.T``) the alias carries the permutation.
+
+Where each tensor goes is decided first, from names and shapes alone
+(:func:`bridge._flax_placement.place_source`); then the values move. A file or
+folder (safetensors, PyTorch files, Hugging Face directories, DeepSpeed
+folders) is read as numpy views and needs no torch; a module or a state dict in
+memory is moved through torch, sharing its memory where it can.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-import torch
 
-from bridge._flax_naming import FlaxPlan, plan_flax, torch_leaves
-from bridge._names import RulesArg, as_rules
-from bridge._open import open_source
-from bridge._shared import torch_aliases
-from bridge._sources import StateDictSource
-from bridge._target import TargetTree, target_tree
-from bridge._tensors import (
-    arrays_sharing_memory,
+from bridge._flax_placement import FlaxPlan, place_source
+from bridge._open import opened
+from bridge._rules import RulesArg, as_rules
+from bridge._torch_naming import torch_aliases
+from jaxshare import AliasMap
+from jaxshare.internal import (
+    Index,
+    Perm,
+    contiguous_transpose,
+    inverse,
+    nest,
     parallel_map,
-    shares_memory_as_array,
-    to_array,
+    permute_shape,
+    render,
 )
-from jaxshare import AliasMap, ProgressFn, TensorSource
-from jaxshare.internal import Index, Perm, inverse, nest, permute_shape
+from jaxshare.stream import ProgressFn, TensorSource
 
-__all__ = ["Source", "flax_alias_map", "flax_conversion", "to_flax"]
+if TYPE_CHECKING:
+    import torch
 
-Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
+    Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
+
+__all__ = ["flax_alias_map", "flax_conversion", "to_flax"]
+
+#: Dtypes JAX narrows unless ``jax_enable_x64`` is on: such arrays stay numpy.
+_WIDE = frozenset({"int64", "uint64", "float64", "complex128"})
+
+
+def _in_memory_torch(source: TensorSource) -> bool:
+    """Whether ``source`` holds torch tensors in memory (a module's, a state dict)."""
+    if "torch" not in sys.modules:  # (No torch imported: no torch tensor anywhere.)
+        return False
+    from bridge._sources import StateDictSource
+
+    return isinstance(source, StateDictSource)
+
+
+def _from_numpy(array: np.ndarray, perm: Perm | None, sharding: Any) -> Any:
+    """A numpy array (a view of a mapped file) permuted by ``perm``, copied once
+    into an array of its own: a ``jax.Array``, placed as ``sharding`` asks, or a
+    numpy array for 64-bit dtypes JAX would narrow."""
+    out = contiguous_transpose(array, perm) if perm is not None else np.array(array)
+    if out.dtype.name in _WIDE and not jax.config.read("jax_enable_x64"):
+        return out
+    return jax.device_put(out, sharding)
 
 
 def _flax_arrays(
     source: TensorSource,
     plan: FlaxPlan,
-    like: TargetTree | None,
     progress: ProgressFn | None,
-) -> dict[str, Any]:
+) -> dict[tuple[str, ...], Any]:
     """``{flax path: array}`` of the stored tensors, in the source's order. A leaf
-    of ``like`` with a sharding is built on its devices from the slices they hold."""
-    shardings = {} if like is None else like.shardings
+    of the target with a sharding is built on its devices from the slices they
+    hold."""
+    shardings = {} if plan.target is None else plan.target.shardings
+    torch_tensors = _in_memory_torch(source)
 
     def convert(key: str) -> Any:
         slot = plan.slots[key]
         sharding = shardings.get(slot.path)
         if sharding is not None and _wants_slices(sharding):
             return _sharded_array(source, key, slot.perm, sharding)
-        return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
+        if torch_tensors:
+            from bridge._tensors import to_array
 
-    # Tensors JAX can take as they are (CPU, contiguous, Flax layout: e.g. a live
-    # module's) become arrays over their memory in one call. Tensors in memory to
-    # transpose are handed to XLA one after another (each call only queues the
-    # transpose, which XLA runs on its own threads), first, so they run while the
-    # rest is done; what is read from a file is copied a few at a time.
-    direct, tensors, queued = [], [], []
-    # Only tensors already in memory: reading another source's (a DeepSpeed
-    # parameter assembled from partitions) here would read it twice.
-    in_memory = isinstance(source, StateDictSource)
-    for key in plan.stored if in_memory else ():
-        if shardings.get(plan.slots[key].path) is None:
-            value = source.read(key)
-            if shares_memory_as_array(value, plan.slots[key].perm):
-                direct.append(key)
-                tensors.append(value)
-            elif isinstance(value, torch.Tensor):
-                queued.append(key)
+            return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
+        return _from_numpy(source.array(key), slot.perm, sharding)
+
+    direct: list[str] = []
+    queued: list[str] = []
+    arrays: dict[str, Any] = {}
+    if torch_tensors:
+        # Tensors JAX can take as they are (CPU, contiguous, Flax layout: e.g. a live
+        # module's) become arrays over their memory in one call. Tensors to transpose
+        # are handed to XLA one after another (each call only queues the transpose,
+        # which XLA runs on its own threads), first, so they run while the rest is
+        # done.
+        from bridge._tensors import arrays_sharing_memory, shares_memory_as_array
+
+        tensors = []
+        for key in plan.stored:
+            if shardings.get(plan.slots[key].path) is None:
+                value = source.read(key)
+                if shares_memory_as_array(value, plan.slots[key].perm):
+                    direct.append(key)
+                    tensors.append(value)
+                else:
+                    queued.append(key)
+        arrays = {key: convert(key) for key in queued}
+        arrays.update(zip(direct, arrays_sharing_memory(tensors, direct), strict=True))
+        del tensors
     done = {*direct, *queued}
-    copied = [key for key in plan.stored if key not in done]
-    arrays = {key: convert(key) for key in queued}
-    arrays.update(zip(direct, arrays_sharing_memory(tensors, direct), strict=True))
-    del tensors
+    copied = [key for key in plan.stored if key not in done]  # Read a few at a time.
     arrays.update(zip(copied, parallel_map(convert, copied), strict=True))
     # Transposes run on XLA's threads and read the tensors they were given: done
     # before returning, so changing a tensor afterwards cannot reach the result.
     jax.block_until_ready([arrays[key] for key in [*queued, *copied]])
-    out: dict[str, Any] = {}
+    out: dict[tuple[str, ...], Any] = {}
     for i, key in enumerate(plan.stored):
         out[plan.slots[key].path] = array = arrays[key]
         if progress is not None:
@@ -117,22 +158,27 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
 
 
 def _with_aliases(
-    stored: Mapping[str, Any], amap: AliasMap, keep: Callable[[str], bool]
-) -> dict[str, Any]:
+    stored: Mapping[tuple[str, ...], Any],
+    plan: FlaxPlan,
+    keep: Callable[[tuple[str, ...]], bool],
+) -> dict[tuple[str, ...], Any]:
     """``stored`` plus the value of every alias ``keep`` accepts: the canonical's
     very object, or one transposed copy per (canonical, permutation)."""
     out = dict(stored)
-    transposed: dict[tuple[str, Perm], Any] = {}
+    amap = plan.alias_map
+    paths = {slot.name: slot.path for slot in plan.slots.values()}
+    transposed: dict[tuple[tuple[str, ...], Perm], Any] = {}
     for alias, canonical in amap.items():
-        if not keep(alias):
+        path, base = paths[alias], paths[canonical]
+        if not keep(path):
             continue
         perm = amap.transform(alias)
-        value = stored[canonical]
+        value = stored[base]
         if perm is not None:
-            if (canonical, perm) not in transposed:
-                transposed[canonical, perm] = value.transpose(perm)
-            value = transposed[canonical, perm]
-        out[alias] = value
+            if (base, perm) not in transposed:
+                transposed[base, perm] = value.transpose(perm)
+            value = transposed[base, perm]
+        out[path] = value
     return out
 
 
@@ -142,20 +188,13 @@ def flax_conversion(
     like: Any = None,
     rules: RulesArg = None,
     progress: ProgressFn | None = None,
-) -> tuple[dict[str, Any], AliasMap, TargetTree | None]:
-    """The stored arrays ``{flax path: array}`` and the alias map (what a
-    checkpoint stores), before aliases are filled in."""
+) -> tuple[FlaxPlan, dict[tuple[str, ...], Any]]:
+    """The placement and the stored arrays ``{flax path: array}`` (what a checkpoint
+    stores), before aliases are filled in."""
     rules = as_rules(rules)
-    source = open_source(state_dict_or_module, rules)
-    try:
-        target = None if like is None else target_tree(like)
-        ties = source.ties
-        leaves = torch_leaves(source, rules, guess=target is None)
-        plan = plan_flax(leaves, ties, target, rules, ties.naming)
-        return _flax_arrays(source, plan, target, progress), plan.alias_map, target
-    finally:
-        if source is not state_dict_or_module:
-            source.close()
+    with opened(state_dict_or_module, rules) as source:
+        plan = place_source(source, like=like, rules=rules)
+        return plan, _flax_arrays(source, plan, progress)
 
 
 def to_flax(
@@ -174,17 +213,20 @@ def to_flax(
     permutation where the two names get different layouts.
 
     Arrays are ``jax.Array`` on the default device (or as a ``like`` leaf's
-    sharding asks), sharing the tensor's memory where no permutation is needed,
+    sharding asks), sharing a tensor's memory where no permutation is needed,
     so do not modify the tensors in place afterwards; 64-bit dtypes stay numpy
-    arrays unless ``jax_enable_x64`` is on. Dtypes are kept, bit for bit.
+    arrays unless ``jax_enable_x64`` is on. Dtypes are kept, bit for bit. A file
+    or folder is read without torch.
 
     Args:
       state_dict_or_module: a ``torch.nn.Module`` (its layer types decide what
         names cannot: a GPT-2 ``Conv1D`` ``weight`` is already ``(in, out)``), a
-        state dict, a weights file (``.safetensors``, ``.pt``, ``.bin``), or a
-        ``jaxshare.TensorSource``. Without a module, layer types are guessed from
-        module names (:data:`bridge.DEFAULT_LAYER_NAMES`), and a naming record the
-        input carries (a file jaxshare wrote) places every tensor exactly.
+        state dict, a weights file (``.safetensors``, ``.pt``, ``.bin``), a
+        Hugging Face directory, a DeepSpeed folder, or a
+        ``jaxshare.stream.TensorSource``. Without a module, layer types are
+        guessed from module names (:data:`bridge.DEFAULT_LAYER_NAMES`), and a
+        naming record the input carries (a file jaxshare wrote) places every
+        tensor exactly.
       like: the tree the Flax model expects -- linen variables, a params dict (a
         Hugging Face model's ``params``), an ``nnx.State`` or ``nnx.Module``, or
         their ``jax.eval_shape``. The result then has exactly its structure,
@@ -220,10 +262,12 @@ def to_flax(
     >>> variables["params"]["lm_head"]["kernel"].shape
     (4, 10)
     """
-    stored, amap, target = flax_conversion(state_dict_or_module, like=like, rules=rules)
-    if target is None:
-        return nest(_with_aliases(stored, amap, lambda alias: True)), amap
-    return target.build(_with_aliases(stored, amap, target.shapes.__contains__)), amap
+    plan, stored = flax_conversion(state_dict_or_module, like=like, rules=rules)
+    if plan.target is None:
+        full = _with_aliases(stored, plan, lambda path: True)
+        return nest({render(path): value for path, value in full.items()}), plan.alias_map
+    target = plan.target
+    return target.build(_with_aliases(stored, plan, target.shapes.__contains__)), plan.alias_map
 
 
 def flax_alias_map(
@@ -240,8 +284,8 @@ def flax_alias_map(
     Args:
       aliases: PyTorch names. An alias ``source`` lacks (DeepSpeed did not store
         it) is taken to have its canonical's shape.
-      source: the module or state dict the names belong to (shapes and layer
-        types decide the Flax names).
+      source: the module, state dict or file the names belong to (shapes and
+        layer types decide the Flax names).
       like, rules: as in :func:`to_flax`.
 
     >>> import torch
@@ -252,14 +296,9 @@ def flax_alias_map(
     """
     rules = as_rules(rules)
     aliases = torch_aliases(aliases, "aliases")
-    opened = open_source(source, rules, arg="source")
-    try:
-        ties = dict(opened.ties.items())
+    with opened(source, rules, arg="source") as src:
+        ties = dict(src.ties.items())
         ties.update(aliases)
-        merged = AliasMap(ties, transforms=opened.ties.transforms)
-        target = None if like is None else target_tree(like)
-        leaves = torch_leaves(opened, rules, merged, guess=target is None)
-        return plan_flax(leaves, merged, target, rules).alias_map.with_naming(None)
-    finally:
-        if opened is not source:
-            opened.close()
+        merged = AliasMap(ties, transforms=src.ties.transforms)
+        plan = place_source(src, like=like, rules=rules, ties=merged)
+        return plan.alias_map.with_naming(None)

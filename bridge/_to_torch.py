@@ -11,65 +11,21 @@ tensor object under both names, so ``load_state_dict(strict=True)`` works and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bridge._names import RulesArg, as_rules
-from bridge._shared import torch_aliases
-from bridge._tensors import parallel_map, to_tensor
-from bridge._to_flax import Source
-from bridge._torch_naming import TorchPlan, plan_torch
-from jaxshare import AliasMap, ProgressFn, Tied, find_shared
-from jaxshare.internal import (
-    Perm,
-    as_alias_map,
-    compose,
-    inverse,
-    is_nnx_module,
-    is_variable,
-)
+from bridge._rules import RulesArg, as_rules
+from bridge._tensors import to_tensor
+from bridge._torch_naming import TorchPlan, flax_variables, plan_torch
+from jaxshare import AliasMap
+from jaxshare.internal import Perm, compose, inverse, parallel_map
+from jaxshare.stream import ProgressFn
 
-__all__ = ["to_torch", "torch_alias_map", "torch_conversion"]
+if TYPE_CHECKING:
+    from bridge._to_flax import Source
 
-
-def _is_torch_map(alias_map: Mapping[str, str]) -> bool:
-    """A DeepSpeed-style map names PyTorch tensors: dots, no slashes."""
-    names = [*alias_map, *alias_map.values()]
-    return bool(names) and not any("/" in n for n in names) and any("." in n for n in names)
-
-
-def _source(
-    variables: Any, alias_map: Mapping[str, str] | None
-) -> tuple[Any, AliasMap, AliasMap | None]:
-    """``(tree, flax alias map or None, PyTorch-named alias map or None)``."""
-    torch_map = None
-    if alias_map is not None and _is_torch_map(alias_map):
-        torch_map, alias_map = torch_aliases(alias_map, "alias_map"), None
-    given = None if alias_map is None else as_alias_map(alias_map)
-    if isinstance(variables, Tied):
-        return variables.unique, _merge(given, variables.alias_map), torch_map
-    if is_nnx_module(variables):
-        from flax import nnx
-
-        return nnx.state(variables), _merge(given, find_shared(variables)), torch_map
-    if not isinstance(variables, Mapping):
-        raise TypeError(
-            "`variables` must be a Flax variables or params mapping, a jaxshare.Tied or an "
-            f"nnx.Module, got {type(variables).__name__}."
-        )
-    return variables, _merge(given, find_shared(variables, is_leaf=is_variable)), torch_map
-
-
-def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
-    """``primary``'s ties plus those of ``extra`` on paths ``primary`` leaves free."""
-    if primary is None:
-        return extra
-    pairs = dict(primary.items())
-    for alias, canonical in extra.items():
-        if alias not in pairs and canonical not in pairs:
-            pairs[alias] = canonical
-    return AliasMap(pairs, transforms=primary.transforms, naming=primary.naming or extra.naming)
+__all__ = ["to_torch", "torch_conversion"]
 
 
 def _torch_tensors(plan: TorchPlan, progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:
@@ -149,7 +105,7 @@ def torch_conversion(
 ) -> dict[str, torch.Tensor]:
     """:func:`to_torch` with a progress callback."""
     rules = as_rules(rules)
-    tree, amap, torch_map = _source(variables, alias_map)
+    tree, amap, torch_map = flax_variables(variables, alias_map)
     plan = plan_torch(tree, amap, like, rules, torch_map or ())
     out = _torch_tensors(plan, progress)
     _apply_torch_map(out, torch_map)
@@ -209,49 +165,3 @@ def to_torch(
     True
     """
     return torch_conversion(variables, alias_map, like=like, rules=rules)
-
-
-def torch_alias_map(
-    alias_map: Mapping[str, str],
-    variables: Any,
-    /,
-    *,
-    like: Source | None = None,
-    rules: RulesArg = None,
-) -> dict[str, str]:
-    """An ``AliasMap`` in Flax paths as PyTorch ``{alias: canonical}`` -- the shape
-    of DeepSpeed's ``shared_params``.
-
-    Args:
-      alias_map: the ties in Flax paths.
-      variables: the tree they belong to (shapes decide the PyTorch layouts).
-      like, rules: as in :func:`to_torch`.
-
-    Raises:
-      ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
-        express (it would be a permuted view, not the same tensor).
-
-    >>> import jax.numpy as jnp
-    >>> from jaxshare import AliasMap
-    >>> variables = {"params": {"wte": {"embedding": jnp.zeros((4, 2))}}}
-    >>> head = AliasMap({"params/head/kernel": "params/wte/embedding"},
-    ...                 transforms={"params/head/kernel": (1, 0)})
-    >>> torch_alias_map(head, variables)
-    {'head.weight': 'wte.weight'}
-    """
-    rules = as_rules(rules)
-    tree, amap, _ = _source(variables, alias_map)
-    plan = plan_torch(tree, amap, like, rules)
-    out: dict[str, str] = {}
-    for alias, canonical in plan.alias_map.items():
-        if alias not in plan.names or canonical not in plan.names:
-            continue
-        key_a, perm_a = plan.names[alias]
-        key_c, perm_c = plan.names[canonical]
-        if compose(compose(inverse(perm_a), plan.alias_map.transform(alias)), perm_c) is not None:
-            raise ValueError(
-                f"alias {alias!r} of {canonical!r}: their PyTorch tensors {key_a!r} and "
-                f"{key_c!r} differ in layout, so PyTorch cannot tie them by name."
-            )
-        out[key_a] = key_c
-    return out

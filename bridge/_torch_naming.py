@@ -1,10 +1,18 @@
-"""How Flax leaves are named in PyTorch: the plan :func:`bridge.to_torch` and
-:func:`bridge.torch_plan` share.
+"""Flax -> torch naming: the PyTorch name and layout of every leaf of a Flax tree.
 
-Naming reads only paths, shapes, the alias map and its naming record, so this
-module never imports torch: ``jaxshare convert ckpt out.safetensors --names
-torch`` names an Orbax item's arrays without paying for torch's import. Only
-naming after a target module (``like=``) imports it.
+Naming reads only paths, shapes, the alias map and its naming record -- never an
+array -- and decides, for every Flax path, the PyTorch name and the PyTorch ->
+Flax permutation its tensor is stored with: a :class:`TorchPlan`.
+:func:`bridge.to_torch` moves the values after it, :func:`bridge.torch_plan`
+streams them into files after it (an Orbax item to safetensors or a Hugging Face
+directory), and :func:`bridge.torch_alias_map` keeps only its ties.
+
+A naming record (what a conversion from PyTorch recorded) names each leaf
+exactly; otherwise the rules do (:mod:`bridge._rules`), or a target module or
+state dict (``like=``), whose names and layer types decide. This module never
+imports torch: ``jaxshare convert ckpt out.safetensors --names torch`` names an
+Orbax item's arrays without paying for torch's import. Only naming after a live
+module (``like=``) touches torch, through that module.
 """
 
 from __future__ import annotations
@@ -13,23 +21,37 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bridge._match import place
-from bridge._names import Rules, torch_name
-from jaxshare import AliasMap, ArrayInfo, NamingRecord, dedupe
+from bridge._flax_placement import place, torch_leaves
+from bridge._rules import Rules, RulesArg, as_rules, torch_name
+from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
     Perm,
+    as_alias_map,
+    compose,
+    inverse,
+    is_nnx_module,
     is_nnx_state,
     is_variable,
     nest,
     permute_shape,
     render,
+    render_part,
+    split,
     variable_value,
 )
+from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 if TYPE_CHECKING:
     from bridge._to_flax import Source
 
-__all__ = ["TorchPlan", "plan_torch", "plan_torch_names"]
+__all__ = [
+    "TorchPlan",
+    "flax_variables",
+    "plan_torch",
+    "torch_alias_map",
+    "torch_aliases",
+    "torch_plan",
+]
 
 
 _NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
@@ -37,10 +59,18 @@ _NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
 
 @dataclass(frozen=True)
 class _FlaxLeaf:
-    path: str  # full rendered path
-    parts: tuple[str, ...]  # path without the collection
+    path: str  # the rendered path: the leaf's name in alias maps and naming records
+    full: tuple[str, ...]  # the path as a tuple
+    parts: tuple[str, ...]  # the path without its collection
     collection: str | None  # None: the tree has no collections
     value: Any  # the array (a _Shape for an alias the tree does not hold)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Stands in for an alias's array that the tree does not hold."""
+
+    shape: tuple[int, ...]
 
 
 def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
@@ -54,25 +84,25 @@ def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
     )
     out: list[_FlaxLeaf] = []
 
-    def visit(node: Any, parts: tuple[Any, ...]) -> None:
+    def visit(node: Any, keys: tuple[Any, ...]) -> None:
         if isinstance(node, Mapping):
             for key, child in node.items():
-                visit(child, (*parts, key))
+                visit(child, (*keys, key))
             return
         if node is None:
             return
-        path = render(parts)
-        rendered = tuple(path.split("/"))
+        full = tuple(render_part(key, keys) for key in keys)
+        path = render(full)
         if is_variable(node):
             collection = _NNX_COLLECTIONS.get(type(node).__name__, type(node).__name__.lower())
-            value = variable_value(node)
+            parts, value = full, variable_value(node)
         elif collections:
-            collection, rendered, value = rendered[0], rendered[1:], node
+            collection, parts, value = full[0], full[1:], node
         else:
-            collection, value = None, node
+            collection, parts, value = None, full, node
         if not hasattr(value, "shape") or not hasattr(value, "dtype"):
             raise TypeError(f"`variables` leaf {path!r} is a {type(value).__name__}, not an array.")
-        out.append(_FlaxLeaf(path, rendered, collection, value))
+        out.append(_FlaxLeaf(path, full, parts, collection, value))
 
     visit(tree, ())
     return out
@@ -80,11 +110,55 @@ def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
 
 @dataclass(frozen=True)
 class TorchPlan:
-    names: dict[str, tuple[str, Perm | None]]  # flax path -> (torch key, torch->flax perm)
-    leaves: dict[str, _FlaxLeaf]  # flax path -> leaf; absent aliases hold a _Shape
+    """The PyTorch name of every leaf of a Flax tree, decided from metadata alone:
+    what :func:`plan_torch` returns.
+
+    Attributes:
+      names: Flax path -> ``(PyTorch name, PyTorch -> Flax permutation)``, for
+        every leaf and alias that has a PyTorch name.
+      leaves: Flax path -> the leaf (an alias the tree does not hold stands in
+        with its shape).
+      alias_map: the ties, in Flax paths.
+      order: the Flax paths in output order.
+      like_keys: the output's names in order, when a target (``like=``) gave them.
+    """
+
+    names: dict[str, tuple[str, Perm | None]]
+    leaves: dict[str, _FlaxLeaf]
     alias_map: AliasMap
-    order: list[str]  # flax paths in output order
-    like_keys: list[str] | None  # the output's names, in order, given `like`
+    order: list[str]
+    like_keys: list[str] | None
+
+    def plan(self) -> Plan:
+        """The streaming plan: each stored Flax path written under its PyTorch
+        name, in PyTorch layout. Its alias map is in PyTorch names: a tie whose
+        layouts cancel is an identical alias (stored once), one whose layouts
+        differ an alias with a transform; its naming record maps the Flax paths
+        to the PyTorch names."""
+        flax_ties = self.alias_map
+        entries = []
+        for path in self.order:
+            if path in flax_ties:
+                continue
+            name, perm = self.names[path]
+            back = inverse(perm)
+            info = self.leaves[path].value
+            shape = permute_shape(tuple(info.shape), back)
+            entries.append(PlanEntry(name, path, back, ArrayInfo(shape, str(info.dtype))))
+        aliases: dict[str, str] = {}
+        transforms: dict[str, Any] = {}
+        for alias, canonical in flax_ties.items():
+            if alias not in self.names:
+                continue  # `like` has no place for it: PyTorch has no name for it.
+            (a_name, a_perm), (c_name, c_perm) = self.names[alias], self.names[canonical]
+            # torch alias = T(flax alias, a^-1) = T(flax canonical, a^-1 . t), and
+            # flax canonical = T(torch canonical, c).
+            aliases[a_name] = c_name
+            transforms[a_name] = compose(
+                compose(inverse(a_perm), flax_ties.transform(alias)), c_perm
+            )
+        naming = NamingRecord({p: self.names[p] for p in self.order})
+        return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
 
 
 def plan_torch(
@@ -107,6 +181,8 @@ def plan_torch(
         )
     held = [a for a in amap if a in leaves]
     if held:  # The tree holds aliases too: each must be its canonical (transformed).
+        from jaxshare import dedupe  # (JAX: the tree holds arrays.)
+
         try:
             dedupe(
                 tree,
@@ -124,12 +200,12 @@ def plan_torch(
         c = leaves[canonical]
         shape = permute_shape(tuple(c.value.shape), amap.transform(alias))
         if alias not in leaves:
-            parts = tuple(alias.split("/"))
-            if c.parts != tuple(canonical.split("/")):  # The tree has collections.
-                collection, parts = parts[0], parts[1:]
+            full = split(alias)  # (A name from the alias map: an edge.)
+            if c.parts != c.full:  # The tree has collections.
+                collection, parts = full[0], full[1:]
             else:
-                collection = c.collection
-            leaves[alias] = _FlaxLeaf(alias, parts, collection, _Shape(shape))
+                collection, parts = c.collection, full
+            leaves[alias] = _FlaxLeaf(alias, full, parts, collection, _Shape(shape))
     present = {leaf.path for leaf in flat}
     order = [leaf.path for leaf in flat] + sorted(a for a in amap if a not in present)
     names: dict[str, tuple[str, Perm | None]] = {}
@@ -151,16 +227,14 @@ def plan_torch(
             else:
                 names[path] = recorded
     else:
-        # `like` is a module or a state dict: only this branch needs torch.
-        from bridge._flax_naming import torch_leaves
         from bridge._open import open_source
 
         torch_side = torch_leaves(open_source(like, rules, arg="like"), rules, guess=False)
-        index = {p: tuple(leaf.value.shape) for p, leaf in leaves.items()}
+        index = {leaf.full: tuple(leaf.value.shape) for leaf in leaves.values()}
         slots, problems = place(
             torch_side, index, rules, optional=filled_by_map, what="`variables`"
         )
-        claimed = {s.path for s in slots.values()}
+        claimed = {s.name for s in slots.values()}
         unclaimed = [p for p in order if p not in claimed and p not in amap]
         if unclaimed:
             problems.append(f"leaves of `variables` with no name in `like`: {unclaimed[:10]}")
@@ -170,8 +244,8 @@ def plan_torch(
                 + "\n  ".join(problems)
                 + "\nCheck that `variables` belong to this model, or pass `rules=`."
             )
-        names = {s.path: (key, s.perm) for key, s in slots.items()}
-        order = [slots[leaf.key].path for leaf in torch_side if leaf.key in slots]
+        names = {s.name: (key, s.perm) for key, s in slots.items()}
+        order = [slots[leaf.key].name for leaf in torch_side if leaf.key in slots]
         like_keys = [leaf.key for leaf in torch_side]
     seen: dict[str, str] = {}
     for path in order:
@@ -185,18 +259,137 @@ def plan_torch(
     return TorchPlan(names, leaves, amap, order, like_keys)
 
 
-@dataclass(frozen=True)
-class _Shape:
-    """Stands in for an alias's array that the tree does not hold."""
+def torch_plan(source: TensorSource, /, *, like: Any = None, rules: RulesArg = None) -> Plan:
+    """How each array of a Flax-named source is named and laid out in PyTorch, as
+    :func:`bridge.to_torch` would, without reading an array.
 
-    shape: tuple[int, ...]
+    A naming record the source carries (a conversion's) decides names and
+    layouts exactly; otherwise the rules do (or ``like``, a module or state
+    dict). The plan's alias map is in PyTorch names: a tie whose layouts cancel
+    is an identical alias (stored once), one whose layouts differ an alias with
+    a transform; its naming record maps the Flax paths to the PyTorch names.
+
+    >>> import jax.numpy as jnp, tempfile
+    >>> from jaxshare import checkpoint
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(path, {"params": {"wte": {"embedding": jnp.zeros((10, 4))}}})
+    >>> [(e.name, e.source, e.perm) for e in torch_plan(checkpoint.open_source(path)).entries]
+    [('wte.weight', 'params/wte/embedding', None)]
+    """
+    rules = as_rules(rules)
+    flax_ties = source.ties
+    stored = {p: info for p, info in source.infos.items() if p not in flax_ties}
+    return plan_torch(nest(stored), flax_ties, like, rules).plan()
 
 
-def plan_torch_names(
-    stored: Mapping[str, ArrayInfo], alias_map: AliasMap, like: Source | None, rules: Rules
-) -> tuple[dict[str, tuple[str, Perm | None]], list[str]]:
-    """The PyTorch name and layout of every stored Flax path and alias, from
-    metadata alone: ``({flax path: (torch name, torch -> flax perm)}, flax paths in
-    output order)``."""
-    plan = plan_torch(nest(dict(stored)), alias_map, like, rules)
-    return plan.names, plan.order
+def torch_aliases(aliases: Any, arg: str) -> AliasMap:
+    """A DeepSpeed-style ``{alias: canonical}`` in PyTorch names, checked, as an
+    ``AliasMap`` (a PyTorch name is one path part: it has no ``'/'``).
+
+    >>> torch_aliases({"lm_head.weight": "wte.weight"}, "aliases")
+    AliasMap({'lm_head.weight': 'wte.weight'})
+    """
+    if not isinstance(aliases, Mapping):
+        raise TypeError(
+            f"`{arg}` must be a mapping of PyTorch names, got {type(aliases).__name__}."
+        )
+    slashed = [k for k in [*aliases, *aliases.values()] if not isinstance(k, str) or "/" in k]
+    if slashed:
+        raise ValueError(
+            f"`{arg}` must name PyTorch tensors ('a.b.weight'); {slashed[0]!r} is not one."
+        )
+    return aliases if isinstance(aliases, AliasMap) else AliasMap(aliases)
+
+
+def _is_torch_map(alias_map: Mapping[str, str]) -> bool:
+    """A DeepSpeed-style map names PyTorch tensors: dots, no slashes."""
+    names = [*alias_map, *alias_map.values()]
+    return bool(names) and not any("/" in n for n in names) and any("." in n for n in names)
+
+
+def flax_variables(
+    variables: Any, alias_map: Mapping[str, str] | None
+) -> tuple[Any, AliasMap, AliasMap | None]:
+    """What :func:`bridge.to_torch` is given, taken apart: ``(tree, the ties in Flax
+    paths, the ties in PyTorch names or None)``.
+
+    ``variables`` is a Flax mapping, a ``Tied`` or an ``nnx.Module``;
+    ``alias_map`` names Flax paths or, DeepSpeed's way, PyTorch names. Arrays that
+    are one object in the tree, and an NNX module's shared Variables, are ties
+    too, on the paths the given map leaves free.
+    """
+    from jaxshare import Tied, find_shared  # (JAX: a tree of arrays.)
+
+    torch_map = None
+    if alias_map is not None and _is_torch_map(alias_map):
+        torch_map, alias_map = torch_aliases(alias_map, "alias_map"), None
+    given = None if alias_map is None else as_alias_map(alias_map)
+    if isinstance(variables, Tied):
+        return variables.unique, _merge(given, variables.alias_map), torch_map
+    if is_nnx_module(variables):
+        from flax import nnx
+
+        return nnx.state(variables), _merge(given, find_shared(variables)), torch_map
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            "`variables` must be a Flax variables or params mapping, a jaxshare.Tied or an "
+            f"nnx.Module, got {type(variables).__name__}."
+        )
+    return variables, _merge(given, find_shared(variables, is_leaf=is_variable)), torch_map
+
+
+def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
+    """``primary``'s ties plus those of ``extra`` on paths ``primary`` leaves free."""
+    if primary is None:
+        return extra
+    pairs = dict(primary.items())
+    for alias, canonical in extra.items():
+        if alias not in pairs and canonical not in pairs:
+            pairs[alias] = canonical
+    return AliasMap(pairs, transforms=primary.transforms, naming=primary.naming or extra.naming)
+
+
+def torch_alias_map(
+    alias_map: Mapping[str, str],
+    variables: Any,
+    /,
+    *,
+    like: Source | None = None,
+    rules: RulesArg = None,
+) -> dict[str, str]:
+    """An ``AliasMap`` in Flax paths as PyTorch ``{alias: canonical}`` -- the shape
+    of DeepSpeed's ``shared_params``.
+
+    Args:
+      alias_map: the ties in Flax paths.
+      variables: the tree they belong to (shapes decide the PyTorch layouts).
+      like, rules: as in :func:`bridge.to_torch`.
+
+    Raises:
+      ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
+        express (it would be a permuted view, not the same tensor).
+
+    >>> import jax.numpy as jnp
+    >>> from jaxshare import AliasMap
+    >>> variables = {"params": {"wte": {"embedding": jnp.zeros((4, 2))}}}
+    >>> head = AliasMap({"params/head/kernel": "params/wte/embedding"},
+    ...                 transforms={"params/head/kernel": (1, 0)})
+    >>> torch_alias_map(head, variables)
+    {'head.weight': 'wte.weight'}
+    """
+    rules = as_rules(rules)
+    tree, amap, _ = flax_variables(variables, alias_map)
+    plan = plan_torch(tree, amap, like, rules)
+    out: dict[str, str] = {}
+    for alias, canonical in plan.alias_map.items():
+        if alias not in plan.names or canonical not in plan.names:
+            continue
+        key_a, perm_a = plan.names[alias]
+        key_c, perm_c = plan.names[canonical]
+        if compose(compose(inverse(perm_a), plan.alias_map.transform(alias)), perm_c) is not None:
+            raise ValueError(
+                f"alias {alias!r} of {canonical!r}: their PyTorch tensors {key_a!r} and "
+                f"{key_c!r} differ in layout, so PyTorch cannot tie them by name."
+            )
+        out[key_a] = key_c
+    return out

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from jaxshare._json import load_document
 from jaxshare._naming import NamingRecord
 from jaxshare._perm import Perm, as_perm, compose
 
@@ -237,38 +238,15 @@ class AliasMap(Mapping[str, str]):
         ...                    '"aliases": {"k": {"target": "e", "permute": [1, 0]}}}')
         AliasMap({'k': 'e'}, transforms={'k': (1, 0)})
         """
-        size = len(text.encode() if isinstance(text, str) else text)
-        if size > max_bytes:
-            raise ValueError(
-                f"alias map JSON is {size} bytes, over the limit of {max_bytes}; "
-                "pass a larger `max_bytes` if this file is trusted."
-            )
-        try:
-            doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"alias map is not valid JSON: {e}") from e
-        except _DuplicateKey as e:
-            raise ValueError(f"alias map JSON repeats the key {e.args[0]!r}.") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"alias map JSON must be an object, got {type(doc).__name__}.")
-        if doc.get("format") != FORMAT:
-            raise ValueError(
-                f"alias map JSON has format {doc.get('format')!r}, expected {FORMAT!r}."
-            )
-        version = doc.get("version")
-        if type(version) is not int or version != VERSION:
-            raise ValueError(
-                f"alias map JSON has version {version!r}; this jaxshare reads version "
-                f"{VERSION}. Upgrade jaxshare to read newer files."
-            )
-        if set(doc) != {"format", "version", "aliases"}:
-            extra = sorted(set(doc) - {"format", "version", "aliases"})
-            raise ValueError(f"alias map JSON has unexpected fields {extra}.")
+        doc = load_document(
+            text,
+            what="alias map",
+            format=FORMAT,
+            version=VERSION,
+            fields={"aliases": dict},
+            max_bytes=max_bytes,
+        )
         entries = doc["aliases"]
-        if not isinstance(entries, dict):
-            raise ValueError(
-                f"alias map JSON field 'aliases' must be an object, got {type(entries).__name__}."
-            )
         aliases: dict[str, str] = {}
         transforms: dict[str, Any] = {}
         for alias, entry in entries.items():
@@ -290,19 +268,6 @@ class AliasMap(Mapping[str, str]):
             return cls(aliases, transforms=transforms)
         except TypeError as e:
             raise ValueError(f"alias map JSON is invalid: {e}") from None
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
 
 
 def as_alias_map(alias_map: Mapping[str, str] | None, name: str = "alias_map") -> AliasMap:

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
+from jaxshare._memory import numpy_extent
+
 __all__ = ["By", "KeyFn", "is_array", "key_function"]
 
 By = Literal["identity", "buffer"]
@@ -31,9 +33,7 @@ def _identity_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
 
 def _buffer_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
     if isinstance(leaf, np.ndarray):
-        if leaf.size == 0:
-            return None
-        return ("numpy", leaf.__array_interface__["data"][0], leaf.shape, leaf.strides, leaf.dtype)
+        return numpy_extent(leaf)  # (None for zero-size arrays.)
     if not isinstance(leaf, jax.Array):
         return None
     if isinstance(leaf, jax.core.Tracer):

@@ -26,12 +26,15 @@ _MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
 _LOCK = threading.Lock()
 
 
-def map_file(path: str | os.PathLike) -> np.ndarray:
-    """A read-only ``uint8`` array over the whole file, mapped, not read.
+def map_file(path: str | os.PathLike, *, private: bool = False) -> np.ndarray:
+    """A ``uint8`` array over the whole file, mapped, not read.
 
-    Its views are the file's pages; :func:`copy_view` copies them file to file.
-    The file stays open (the same file, even if ``path`` is replaced) while any
-    view of it lives.
+    By default the array is read-only and its views are the file's pages, which
+    :func:`copy_view` copies file to file. With ``private``, it is writable and
+    copy-on-write: a write changes this process's copy only (never the file), as
+    ``torch.load(mmap=True)`` maps; such views are never copied file to file,
+    since they may differ from the file. The file stays open (the same file,
+    even if ``path`` is replaced) while any view of it lives.
 
     >>> import pathlib, tempfile
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -44,8 +47,12 @@ def map_file(path: str | os.PathLike) -> np.ndarray:
     if size == 0:
         f.close()
         return np.empty(0, np.uint8)
-    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    access = mmap.ACCESS_COPY if private else mmap.ACCESS_READ
+    m = mmap.mmap(f.fileno(), 0, access=access)
     array = np.frombuffer(m, np.uint8)
+    if private:
+        f.close()  # (The map keeps the file's pages; nothing copies from the file.)
+        return array
     key = id(m)
     with _LOCK:
         _MAPS[key] = (array.ctypes.data, size, f)

@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
+from jaxshare._json import load_document
 from jaxshare._perm import Perm, as_perm
 
 __all__ = ["FORMAT", "MAX_JSON_BYTES", "VERSION", "Naming", "NamingRecord"]
@@ -140,26 +141,14 @@ class NamingRecord(Mapping[str, Naming]):
             unknown format or version, unexpected fields or types, or an invalid
             record. Nothing is returned half-loaded.
         """
-        size = len(text.encode() if isinstance(text, str) else text)
-        if size > max_bytes:
-            raise ValueError(f"naming record JSON is {size} bytes, over the limit of {max_bytes}.")
-        try:
-            doc = json.loads(text, object_pairs_hook=_no_duplicates)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"naming record is not valid JSON: {e}") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(f"not a naming record: expected format {FORMAT!r}, got {found!r}.")
-        if doc.get("version") != VERSION:
-            raise ValueError(
-                f"naming record version {doc.get('version')!r} is not supported (this jaxshare "
-                f"reads version {VERSION}); upgrade jaxshare."
-            )
-        if set(doc) != {"format", "version", "leaves"} or not isinstance(doc["leaves"], dict):
-            raise ValueError(
-                "naming record JSON must have exactly the fields 'format', 'version' and "
-                "'leaves' (an object)."
-            )
+        doc = load_document(
+            text,
+            what="naming record",
+            format=FORMAT,
+            version=VERSION,
+            fields={"leaves": dict},
+            max_bytes=max_bytes,
+        )
         entries: dict[str, Any] = {}
         for path, entry in doc["leaves"].items():
             if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= {"torch", "permute"}:
@@ -168,19 +157,12 @@ class NamingRecord(Mapping[str, Naming]):
                     f"got {entry!r}."
                 )
             permute = entry.get("permute")
-            if permute is not None and not isinstance(permute, list):
-                raise ValueError(f"naming record: 'permute' of {path!r} must be a list.")
+            if "permute" in entry and not isinstance(permute, list):
+                raise ValueError(
+                    f"naming record: 'permute' of {path!r} must be a list of ints, got {permute!r}."
+                )
             entries[path] = (entry["torch"], permute)
         try:
             return cls(entries)
         except TypeError as e:
             raise ValueError(str(e)) from None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"naming record JSON names {key!r} twice.")
-        out[key] = value
-    return out

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from jaxshare._leafkey import KeyFn
 
 __all__ = [
-    "is_module",
+    "is_nnx_module",
     "is_nnx_root",
-    "is_state",
+    "is_nnx_state",
     "is_variable",
     "leaf_key",
     "variable_value",
@@ -62,13 +62,13 @@ def is_variable(x: Any) -> bool:
     return nnx is not None and isinstance(x, nnx.Variable)
 
 
-def is_module(x: Any) -> bool:
+def is_nnx_module(x: Any) -> bool:
     """Whether ``x`` is an ``nnx.Module``."""
     nnx = _nnx()
     return nnx is not None and isinstance(x, nnx.Module)
 
 
-def is_state(x: Any) -> bool:
+def is_nnx_state(x: Any) -> bool:
     """Whether ``x`` is an ``nnx.State``."""
     nnx = _nnx()
     return nnx is not None and isinstance(x, nnx.State)

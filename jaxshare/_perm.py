@@ -11,13 +11,14 @@ JAX is imported.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from jaxshare._threads import worker_count
 
 __all__ = [
     "Perm",
@@ -177,8 +178,7 @@ def contiguous_transpose(x: np.ndarray, perm: Perm | None) -> np.ndarray:
     if perm is None:
         return np.ascontiguousarray(x)
     view = np.transpose(x, perm)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = min(cpus or 1, 4)
+    workers = worker_count()
     if x.nbytes < _PARALLEL_BYTES or workers < 2 or view.ndim == 0 or view.shape[0] < workers:
         return np.ascontiguousarray(view)
     out = np.empty(view.shape, view.dtype)

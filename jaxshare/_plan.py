@@ -54,7 +54,7 @@ class Plan:
     canonical, and record the tie; those that cannot record one (a reader that
     knows no ties) write it out from its canonical's entry.
 
-    >>> from jaxshare import ArrayInfo
+    >>> from jaxshare.stream import ArrayInfo
     >>> e = PlanEntry("w", "params/w", (1, 0), ArrayInfo((3, 2), "float32"))
     >>> Plan((e,), AliasMap()).cast("bfloat16").entries[0].info
     ArrayInfo(shape=(3, 2), dtype='bfloat16')

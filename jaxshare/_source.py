@@ -97,6 +97,13 @@ class TensorSource(abc.ABC):
         self.close()
 
     @property
+    def flax_named(self) -> bool:
+        """Whether the names are Flax paths (``'/'``-joined: an Orbax item, a
+        ``.safetensors`` file jaxshare wrote in Flax names) rather than PyTorch
+        names (``'.'``-joined, no ``'/'``)."""
+        return any("/" in name for name in self.infos)
+
+    @property
     def where(self) -> str:
         """How messages name this source."""
         return str(self.path) if self.path is not None else f"the {self.kind}"

@@ -22,7 +22,8 @@ from jaxshare._source import TensorSource
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
 from jaxshare.checkpoint._stream import StreamedItem
-from jaxshare.formats import ITEM, find_item
+from jaxshare.formats import find_item
+from jaxshare.internal import ITEM
 
 __all__ = ["read_alias_map", "restore", "save", "write_item"]
 
@@ -152,7 +153,7 @@ def write_item(
 
     The model is never held: each array is read (cast and transposed as the plan
     says) while the ones before it are written, so memory holds about two of
-    the largest array (:meth:`jaxshare.Plan.arrays`). The item is the one
+    the largest array (:meth:`jaxshare.stream.Plan.arrays`). The item is the one
     :func:`save` writes for the same arrays (``jax.Array`` s, 8-byte ones as
     numpy arrays): an ordinary Orbax checkpoint of the unique tree plus the
     alias map, written atomically. In a multi-process job every process calls
@@ -162,7 +163,7 @@ def write_item(
       as :func:`save`.
 
     >>> import tempfile
-    >>> from jaxshare import Plan
+    >>> from jaxshare.stream import Plan
     >>> from jaxshare.formats import SafetensorsFile
     >>> from safetensors.numpy import save_file
     >>> d = tempfile.mkdtemp()

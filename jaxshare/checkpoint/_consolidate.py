@@ -21,7 +21,8 @@ from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
 from jaxshare.checkpoint._source import CheckpointSource
-from jaxshare.formats import ALIAS_MAP_KEY, find_item, write_plan
+from jaxshare.formats import ALIAS_MAP_KEY, find_item
+from jaxshare.internal import write_plan
 
 __all__ = ["consolidate", "consolidate_to_safetensors"]
 

@@ -1,4 +1,4 @@
-"""An Orbax item as a :class:`jaxshare.TensorSource`: Flax paths, read leaf by leaf.
+"""An Orbax item as a :class:`jaxshare.stream.TensorSource`: Flax paths, read leaf by leaf.
 
 Conversions out of a checkpoint (to safetensors, PyTorch files, Hugging Face
 directories) plan from the item's metadata and alias map (with its naming
@@ -30,6 +30,7 @@ class CheckpointSource(TensorSource):
     """
 
     kind = "orbax"
+    flax_named = True  # (A tree of one leaf has no '/' in its path, and is still Flax.)
 
     def __init__(self, item: StoredItem, *, dtype: Any = None) -> None:
         if item.other:

@@ -3,8 +3,9 @@
 A small PyTorch LM whose ``lm_head`` is its token embedding goes to Flax (one
 array, the head an alias carrying a transpose), runs there with the same output,
 comes back as a state dict that loads with ``strict=True`` and stores the tie
-once; then DeepSpeed's ``_get_shared_params`` and :func:`bridge.shared_params`
-are set side by side on a module DeepSpeed gets wrong.
+once; then :func:`bridge.shared_params` meets a module DeepSpeed's
+``_get_shared_params`` gets wrong, shown with the very walks DeepSpeed makes
+(``named_children()``, ``data_ptr()``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from flax import linen as nn
 
 from bridge import load_safetensors, save_safetensors, shared_params, to_flax, to_torch
-from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 
 __all__ = ["FlaxLM", "TorchLM", "demo_story"]
 
@@ -110,6 +110,8 @@ def demo_story(workdir: Path, say: Callable[[str], None]) -> None:
 
     odd = _deepspeed_gets_wrong()
     say("a block registered twice (encoder, decoder) plus a zero-size parameter in each block:")
-    say(f"  DeepSpeed _get_shared_params: {deepspeed_shared_params(odd)}")
-    say(f"  bridge.shared_params:         {shared_params(odd)}")
-    say("  DeepSpeed never names decoder.*, and ties the unrelated empty `other.gate`.")
+    children = [name for name, _ in odd.named_children()]
+    say(f"  DeepSpeed walks named_children(): {children}, so it never names decoder.*")
+    pointers = {n: p.data_ptr() for n, p in odd.named_parameters() if not p.numel()}
+    say(f"  and keys by data_ptr(): {pointers}, so it ties the unrelated empty gates")
+    say(f"  bridge.shared_params: {shared_params(odd)}")

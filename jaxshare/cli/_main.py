@@ -1,13 +1,16 @@
 """The ``jaxshare`` command: ``inspect``, ``convert``, ``demo``.
 
-The top layer: it parses arguments, picks the reader and writer for each path
-and prints. Only the standard library is imported at start-up, so ``--help``
-is instant; each command imports what it needs (JAX and Orbax for checkpoints,
-torch only for PyTorch files).
+The top layer, a thin shell over the library: it parses arguments, calls
+:func:`bridge.inspect` or :func:`bridge.convert`, renders what they return
+(``_render``) and sets the exit status. At start-up only the standard library
+and the package faces of ``bridge`` and ``jaxshare`` (whose names load on first
+use) are imported, so ``--help`` is instant; the library imports what each input
+needs (JAX and Orbax for checkpoints, torch only for torch tensors).
 
 Every failure the user can fix is one line on stderr: exit status 2 for a
-usage error, 1 for bad input or a failed write. No input is ever modified and
-no partial output is left behind (see ``jaxshare._output``).
+usage error (a ``jaxshare.internal.UsageError``: options that do not fit, an
+input of no kind jaxshare reads, a framework not installed), 1 for bad input or
+a failed write. No input is ever modified and no partial output is left behind.
 """
 
 from __future__ import annotations
@@ -18,20 +21,14 @@ import warnings
 from collections.abc import Sequence
 from typing import TextIO
 
-#: ``--format`` choices (kept here so that ``--help`` imports nothing else).
-FORMATS = ("orbax", "safetensors", "torch", "hf")
+import bridge
+from jaxshare.internal import UsageError, missing_extra
 
-__all__ = ["CLIError", "build_parser", "main"]
-
-
-class CLIError(Exception):
-    """A usage error: printed as one line, exit status 2."""
+__all__ = ["build_parser", "main"]
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from jaxshare.cli._inspect import inspect
-
-    report = inspect(args.path)
+    report = bridge.inspect(args.path)
     if args.json:
         print(report.to_json())
     else:
@@ -42,16 +39,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from jaxshare.cli._convert import convert
     from jaxshare.cli._render import progress_bar
 
     with progress_bar(not args.quiet) as progress:
-        convert(
+        bridge.convert(
             args.src,
             args.dst,
             dtype=args.dtype,
             names=args.names,
-            output=args.format,
+            format=args.format,
             config=args.config,
             max_shard_size=args.max_shard_size,
             force=args.force,
@@ -97,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-shard-size), .safetensors, or .pt/.bin",
     )
     p.add_argument(
-        "--format", choices=FORMATS, default=None, help="the output format, if DST leaves it open"
+        "--format",
+        choices=bridge.FORMATS,
+        default=None,
+        help="the output format, if DST leaves it open",
     )
     p.add_argument("--dtype", default=None, help="cast floating arrays, e.g. float32")
     p.add_argument("--config", default=None, help="config.json of a Hugging Face directory output")
@@ -108,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--names",
-        choices=("flax", "torch"),
+        choices=bridge.NAMES,
         default=None,
         help="naming of an Orbax -> file conversion: Flax '/' paths or PyTorch names "
         "(default: flax for .safetensors, torch for .pt/.bin)",
@@ -152,8 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = show
             return args.func(args)
-    except CLIError as e:
+    except UsageError as e:
         print(f"jaxshare {args.command}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:  # A framework the input or output needs is absent.
+        hint = e if "jaxshare[" in str(e) else missing_extra(e, "this")
+        if hint is None:
+            raise
+        print(f"jaxshare {args.command}: {_one_line(hint)}", file=sys.stderr)
         return 2
     except (OSError, ValueError, TypeError, KeyError) as e:
         message = _one_line(e)

@@ -21,8 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from jaxshare import ProgressFn, TieReport
 from jaxshare.internal import format_bytes
+from jaxshare.stream import ProgressFn, TieReport
 
 __all__ = ["print_report", "progress_bar", "report_lines"]
 

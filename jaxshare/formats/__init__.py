@@ -1,103 +1,111 @@
-"""File formats, with numpy only: safetensors headers, mapping and streaming; what a
-PyTorch file looks like; where a checkpoint item keeps what; which files of a
-Hugging Face directory hold the weights (its index, shard names, shard sizes).
+"""File formats, with numpy only: safetensors files, PyTorch files, DeepSpeed ZeRO
+folders, the files of a Hugging Face directory, and where a checkpoint item keeps
+what.
 
-The layer between jaxshare's core and its framework layers: ``jaxshare inspect``
-of a ``.safetensors`` file, the Orbax consolidation and the PyTorch bridge all
-read and write safetensors through it, and none of it imports JAX, Orbax or
-torch.
+The layer between jaxshare's core and its framework layers. Every reader here
+maps its files and hands out numpy views, one tensor at a time, as a
+:class:`jaxshare.stream.TensorSource`; none of it imports JAX, Orbax or torch, so
+``jaxshare inspect`` of a file, a DeepSpeed folder to safetensors, or a
+``.safetensors`` output of a conversion pays for none of them. Pickled files are
+read by a restricted unpickler of jaxshare's own: a payload never runs.
+
+These are the names ``docs/formats.md`` documents; the plumbing the upper layers
+share (output kinds, shard checks) is in ``jaxshare.internal``.
 """
 
-from jaxshare.formats._hf import BIN_INDEX
-from jaxshare.formats._hf import BIN_WEIGHTS
-from jaxshare.formats._hf import CONFIG_FILE
-from jaxshare.formats._hf import DEFAULT_MAX_SHARD_SIZE
-from jaxshare.formats._hf import HF_DIRECTORY
-from jaxshare.formats._hf import INDEX_SUFFIX
-from jaxshare.formats._hf import SAFE_INDEX
-from jaxshare.formats._hf import SAFE_WEIGHTS
-from jaxshare.formats._hf import HFIndex
-from jaxshare.formats._hf import HFLayout
-from jaxshare.formats._hf import check_not_a_shard
-from jaxshare.formats._hf import hf_layout
-from jaxshare.formats._hf import is_hf_directory
-from jaxshare.formats._hf import parse_size
-from jaxshare.formats._hf import read_index
-from jaxshare.formats._hf import shard_name
-from jaxshare.formats._hf import shard_of
-from jaxshare.formats._layout import ALIAS_MAP_FILE
-from jaxshare.formats._layout import EMPTY_ARRAYS_KEY
-from jaxshare.formats._layout import ITEM
-from jaxshare.formats._layout import NAMING_FILE
-from jaxshare.formats._layout import ORBAX_METADATA_FILE
-from jaxshare.formats._layout import find_item
-from jaxshare.formats._layout import is_item
-from jaxshare.formats._safetensors import ALIAS_MAP_KEY
-from jaxshare.formats._safetensors import MAX_HEADER_BYTES
-from jaxshare.formats._safetensors import NAMING_KEY
-from jaxshare.formats._safetensors import SAFETENSORS
-from jaxshare.formats._safetensors import SafetensorsFile
-from jaxshare.formats._safetensors import SafetensorsHeader
-from jaxshare.formats._safetensors import TensorEntry
-from jaxshare.formats._safetensors import TensorSpec
-from jaxshare.formats._safetensors import alias_map_in
-from jaxshare.formats._safetensors import dtype_code
-from jaxshare.formats._safetensors import inspect_safetensors
-from jaxshare.formats._safetensors import is_safetensors_file
-from jaxshare.formats._safetensors import tie_metadata
-from jaxshare.formats._safetensors import read_header
-from jaxshare.formats._safetensors import save_plan
-from jaxshare.formats._safetensors import write_plan
-from jaxshare.formats._safetensors import write_safetensors
-from jaxshare.formats._torchfile import TORCH_SUFFIXES
-from jaxshare.formats._torchfile import WEIGHT_SUFFIXES
-from jaxshare.formats._torchfile import check_torch_file
-from jaxshare.formats._torchfile import looks_like_torch_file
+import typing as _typing
 
-__all__ = [
-    "ALIAS_MAP_FILE",
-    "ALIAS_MAP_KEY",
-    "BIN_INDEX",
-    "BIN_WEIGHTS",
-    "CONFIG_FILE",
-    "DEFAULT_MAX_SHARD_SIZE",
-    "EMPTY_ARRAYS_KEY",
-    "HF_DIRECTORY",
-    "INDEX_SUFFIX",
-    "ITEM",
-    "MAX_HEADER_BYTES",
-    "NAMING_FILE",
-    "NAMING_KEY",
-    "ORBAX_METADATA_FILE",
-    "SAFETENSORS",
-    "SAFE_INDEX",
-    "SAFE_WEIGHTS",
-    "TORCH_SUFFIXES",
-    "WEIGHT_SUFFIXES",
-    "HFIndex",
-    "HFLayout",
-    "SafetensorsFile",
-    "SafetensorsHeader",
-    "TensorEntry",
-    "TensorSpec",
-    "alias_map_in",
-    "check_not_a_shard",
-    "check_torch_file",
-    "dtype_code",
-    "find_item",
-    "hf_layout",
-    "inspect_safetensors",
-    "is_hf_directory",
-    "is_item",
-    "is_safetensors_file",
-    "looks_like_torch_file",
-    "parse_size",
-    "read_header",
-    "read_index",
-    "save_plan",
-    "shard_name",
-    "shard_of",
-    "tie_metadata",
-    "write_plan",
-    "write_safetensors",
-]
+from jaxshare._lazy import exports as _exports
+
+if _typing.TYPE_CHECKING:
+    from jaxshare.formats._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from jaxshare.formats._hf import BIN_INDEX as BIN_INDEX
+    from jaxshare.formats._hf import BIN_WEIGHTS as BIN_WEIGHTS
+    from jaxshare.formats._hf import CONFIG_FILE as CONFIG_FILE
+    from jaxshare.formats._hf import DEFAULT_MAX_SHARD_SIZE as DEFAULT_MAX_SHARD_SIZE
+    from jaxshare.formats._hf import INDEX_SUFFIX as INDEX_SUFFIX
+    from jaxshare.formats._hf import SAFE_INDEX as SAFE_INDEX
+    from jaxshare.formats._hf import SAFE_WEIGHTS as SAFE_WEIGHTS
+    from jaxshare.formats._hf import HFIndex as HFIndex
+    from jaxshare.formats._hf import HFLayout as HFLayout
+    from jaxshare.formats._hf import hf_layout as hf_layout
+    from jaxshare.formats._hf import parse_size as parse_size
+    from jaxshare.formats._hf import read_index as read_index
+    from jaxshare.formats._hf import shard_name as shard_name
+    from jaxshare.formats._layout import ALIAS_MAP_FILE as ALIAS_MAP_FILE
+    from jaxshare.formats._layout import EMPTY_ARRAYS_KEY as EMPTY_ARRAYS_KEY
+    from jaxshare.formats._layout import NAMING_FILE as NAMING_FILE
+    from jaxshare.formats._layout import ORBAX_METADATA_FILE as ORBAX_METADATA_FILE
+    from jaxshare.formats._layout import find_item as find_item
+    from jaxshare.formats._layout import is_checkpoint as is_checkpoint
+    from jaxshare.formats._layout import is_item as is_item
+    from jaxshare.formats._pytorch import TORCH_SUFFIXES as TORCH_SUFFIXES
+    from jaxshare.formats._pytorch import TorchFile as TorchFile
+    from jaxshare.formats._pytorch import check_torch_file as check_torch_file
+    from jaxshare.formats._pytorch import unpickle_torch_file as unpickle_torch_file
+    from jaxshare.formats._safetensors import ALIAS_MAP_KEY as ALIAS_MAP_KEY
+    from jaxshare.formats._safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+    from jaxshare.formats._safetensors import NAMING_KEY as NAMING_KEY
+    from jaxshare.formats._safetensors import SafetensorsFile as SafetensorsFile
+    from jaxshare.formats._safetensors import SafetensorsHeader as SafetensorsHeader
+    from jaxshare.formats._safetensors import TensorEntry as TensorEntry
+    from jaxshare.formats._safetensors import TensorSpec as TensorSpec
+    from jaxshare.formats._safetensors import alias_map_in as alias_map_in
+    from jaxshare.formats._safetensors import inspect_safetensors as inspect_safetensors
+    from jaxshare.formats._safetensors import read_header as read_header
+    from jaxshare.formats._safetensors import save_plan as save_plan
+    from jaxshare.formats._safetensors import write_safetensors as write_safetensors
+    from jaxshare.formats._weights import WEIGHT_SUFFIXES as WEIGHT_SUFFIXES
+    from jaxshare.formats._weights import open_weights_file as open_weights_file
+
+__getattr__, __dir__, __all__ = _exports(
+    __name__,
+    {
+        "jaxshare.formats._deepspeed": ["DeepSpeedCheckpoint"],
+        "jaxshare.formats._hf": [
+            "BIN_INDEX",
+            "BIN_WEIGHTS",
+            "CONFIG_FILE",
+            "DEFAULT_MAX_SHARD_SIZE",
+            "INDEX_SUFFIX",
+            "SAFE_INDEX",
+            "SAFE_WEIGHTS",
+            "HFIndex",
+            "HFLayout",
+            "hf_layout",
+            "parse_size",
+            "read_index",
+            "shard_name",
+        ],
+        "jaxshare.formats._layout": [
+            "ALIAS_MAP_FILE",
+            "EMPTY_ARRAYS_KEY",
+            "NAMING_FILE",
+            "ORBAX_METADATA_FILE",
+            "find_item",
+            "is_checkpoint",
+            "is_item",
+        ],
+        "jaxshare.formats._pytorch": [
+            "TORCH_SUFFIXES",
+            "TorchFile",
+            "check_torch_file",
+            "unpickle_torch_file",
+        ],
+        "jaxshare.formats._safetensors": [
+            "ALIAS_MAP_KEY",
+            "MAX_HEADER_BYTES",
+            "NAMING_KEY",
+            "SafetensorsFile",
+            "SafetensorsHeader",
+            "TensorEntry",
+            "TensorSpec",
+            "alias_map_in",
+            "inspect_safetensors",
+            "read_header",
+            "save_plan",
+            "write_safetensors",
+        ],
+        "jaxshare.formats._weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
+    },
+)

@@ -15,12 +15,12 @@ reads a tensor or imports torch.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxshare._json import loads
 from jaxshare._output import OutputKind
 
 __all__ = [
@@ -153,25 +153,10 @@ def read_index(path: str | os.PathLike) -> HFIndex:
     if path.is_dir():
         raise ValueError(f"{path}: not an index file: it is a directory.")
     size = path.stat().st_size
-    if size > MAX_INDEX_BYTES:
+    if size > MAX_INDEX_BYTES:  # (Before reading it.)
         raise ValueError(f"{path}: not an index file: {size} bytes, over {MAX_INDEX_BYTES}.")
 
-    def pairs(items: list[tuple[str, object]]) -> dict:
-        out: dict = {}
-        for key, value in items:
-            if key in out:
-                raise ValueError(f"it names {key!r} twice")
-            out[key] = value
-        return out
-
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=pairs)
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a Hugging Face index: not UTF-8 text.") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a Hugging Face index: not JSON ({e}).") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not a Hugging Face index: {e}.") from None
+    data = loads(path.read_bytes(), what=f"{path}: the Hugging Face index")
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict):
         raise ValueError(
@@ -179,17 +164,7 @@ def read_index(path: str | os.PathLike) -> HFIndex:
             "tensor names to shard files."
         )
     for name, file in weight_map.items():
-        if (
-            not isinstance(file, str)
-            or not file
-            or "/" in file
-            or "\\" in file
-            or file
-            in (
-                ".",
-                "..",
-            )
-        ):
+        if not isinstance(file, str) or file in ("", ".", "..") or "/" in file or "\\" in file:
             raise ValueError(
                 f"{path}: 'weight_map' maps {name!r} to {file!r}, not a file name in the "
                 "index's directory."

@@ -25,6 +25,7 @@ __all__ = [
     "NAMING_FILE",
     "ORBAX_METADATA_FILE",
     "find_item",
+    "is_checkpoint",
     "is_item",
 ]
 
@@ -39,6 +40,21 @@ ORBAX_METADATA_FILE = "_METADATA"
 def is_item(path: Path) -> bool:
     """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare item."""
     return (path / ORBAX_METADATA_FILE).is_file() or (path / ALIAS_MAP_FILE).is_file()
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is an Orbax checkpoint directory of any kind :func:`find_item`
+    answers for: an item, a step directory holding items, or a
+    ``CheckpointManager`` root (numbered steps holding items), which it refuses
+    naming the steps."""
+    if not path.is_dir():
+        return False
+    if is_item(path):
+        return True
+    subdirs = _dirs(path)
+    return any(is_item(p) for p in subdirs) or any(
+        is_item(q) for p in subdirs if p.name.isdigit() for q in _dirs(p)
+    )
 
 
 #: A checkpoint item output: ``force`` replaces only an Orbax PyTree item or a

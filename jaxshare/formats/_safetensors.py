@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
+from jaxshare._json import loads
 from jaxshare._mapped import copy_view, map_file
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output, start_writeback
@@ -143,15 +144,6 @@ def _bad(path: Path, why: str) -> ValueError:
     return ValueError(f"{path}: not a valid safetensors file: {why}.")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the header names {key!r} twice")
-        out[key] = value
-    return out
-
-
 def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     """Reads and checks the header of a safetensors file, reading no tensor.
 
@@ -191,13 +183,9 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
             )
         raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except UnicodeDecodeError:
-        raise _bad(path, "the header is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise _bad(path, f"the header is not JSON ({e})") from None
+        header = loads(raw, what="the header")
     except ValueError as e:
-        raise _bad(path, str(e)) from None
+        raise _bad(path, str(e).rstrip(".")) from None
     if not isinstance(header, dict):
         raise _bad(path, f"the header is a JSON {type(header).__name__}, not an object")
     metadata = header.pop("__metadata__", None) or {}
@@ -523,7 +511,7 @@ def save_plan(
     once written. The file appears only when complete.
 
     >>> import tempfile
-    >>> from jaxshare import Plan
+    >>> from jaxshare.stream import Plan
     >>> from safetensors.numpy import save_file
     >>> d = tempfile.mkdtemp()
     >>> save_file({"w": np.ones((2, 3), np.float32)}, d + "/in.safetensors")

@@ -24,6 +24,13 @@ DTYPES = [
 LEAVES = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked", "emb"]
 
 
+@pytest.fixture(scope="session")
+def deepspeed_shared_params(load_script: Callable) -> Callable:
+    """DeepSpeed's ``_get_shared_params`` walk, restated (``tests/_support/deepspeed_walk.py``):
+    the oracle of what DeepSpeed records, right and wrong."""
+    return load_script("tests/_support/deepspeed_walk.py").deepspeed_shared_params
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes, so NaNs compare by their bits."""
     return t.detach().clone().reshape(-1).view(torch.uint8) if t.numel() else torch.zeros(0)

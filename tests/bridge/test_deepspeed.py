@@ -6,14 +6,11 @@ The folders under ``tests/data/deepspeed`` were written by the real DeepSpeed
 consolidation of it. The tests never import deepspeed.
 """
 
-import collections
-import contextlib
 import hashlib
 import os
 import re
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +19,10 @@ import safetensors
 import safetensors.torch
 import torch
 
-from bridge import load_safetensors, save_safetensors
-from bridge._zero import DeepSpeedCheckpoint, load_deepspeed
-from bridge._zero_pickle import STAND_INS, FragmentAddress, LossScalerState, load_deepspeed_file
-from jaxshare import AliasMap, Plan, TensorSource
+from bridge import DeepSpeedCheckpoint, load_deepspeed, load_safetensors, save_safetensors
+from jaxshare import AliasMap
 from jaxshare.formats import ALIAS_MAP_KEY, save_plan
+from jaxshare.stream import Plan, TensorSource
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deepspeed"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "latest").is_file())
@@ -280,64 +276,6 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-@contextlib.contextmanager
-def fake_deepspeed(on_build=None):
-    """Modules named as DeepSpeed's, with classes of those names, so torch.save
-    pickles objects as DeepSpeed's files do. ``on_build`` runs if a loader ever
-    calls the fake classes' own code."""
-    made = {}
-
-    def setstate(self, state):
-        if on_build is not None:
-            on_build()
-        self.__dict__.update(state)
-
-    def getstate(self):
-        return self.__dict__["pickled_state"]
-
-    def init(self, *args):
-        if on_build is not None:
-            on_build()
-
-    for fq in STAND_INS:
-        module, name = fq.rsplit(".", 1)
-        parts = module.split(".")
-        for i in range(1, len(parts) + 1):
-            made.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-        attrs = {"__module__": module, "__init__": init, "__setstate__": setstate,
-                 "__getstate__": getstate}  # fmt: skip
-        cls = type(name, (), attrs)
-        setattr(made[module], name, cls)
-    saved = {k: sys.modules.get(k) for k in made}
-    sys.modules.update(made)
-    try:
-        yield {fq: getattr(made[fq.rsplit(".", 1)[0]], fq.rsplit(".", 1)[1]) for fq in STAND_INS}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-
-class _Reduce:
-    """Pickles as ``func(*args)`` (REDUCE)."""
-
-    def __init__(self, func, args=()):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return (self.func, self.args)
-
-
-def _built(cls, state):
-    """An object of fake class ``cls`` that pickles as DeepSpeed's objects do:
-    ``cls.__new__(cls)`` (NEWOBJ), then ``state`` (BUILD)."""
-    obj = cls.__new__(cls)
-    obj.__dict__["pickled_state"] = state
-    return obj
-
-
 class Unknown:
     pass
 
@@ -392,166 +330,6 @@ def test_a_bad_rank_file_is_refused_in_one_line_and_nothing_changes(tmp_path, ca
     assert digest(folder) == before
     assert not marker.exists()
     assert "deepspeed" not in sys.modules
-
-
-def test_deepspeeds_classes_load_as_inert_stand_ins(tmp_path):
-    ran = []
-    with fake_deepspeed(on_build=lambda: ran.append("their code")) as ds:
-        scaler = _built(ds["deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"],
-                        {"cur_scale": 65536.0, "dtype": torch.float16})  # fmt: skip
-        address = _built(ds["deepspeed.utils.tensor_fragment.fragment_address"],
-                         {"numel": 279, "start": 0})  # fmt: skip
-        stage = _Reduce(ds["deepspeed.runtime.zero.config.ZeroStageEnum"], (3,))
-        torch.save({"scaler": scaler, "address": address, "stage": stage}, tmp_path / "ds.pt")
-        # The fake modules are importable during the load: their code still never runs.
-        loaded = load_deepspeed_file(tmp_path / "ds.pt")
-        assert ran == []
-        torch.load(tmp_path / "ds.pt", weights_only=False)  # what zero_to_fp32 does
-        assert ran == ["their code"] * 3
-    assert type(loaded["scaler"]) is LossScalerState and loaded["scaler"].cur_scale == 65536.0
-    assert type(loaded["address"]) is FragmentAddress
-    assert (loaded["address"].numel, loaded["address"].start) == (279, 0)
-    assert loaded["stage"] == 3 and loaded["stage"].name == "weights"
-
-
-@pytest.mark.parametrize(
-    "fq, how, match",
-    [
-        (
-            "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-            "call",
-            "refused: .*LossScalerState is rebuilt from its attributes only",
-        ),
-        ("deepspeed.runtime.zero.config.ZeroStageEnum", "call", "not a valid ZeroStage"),
-        ("deepspeed.utils.tensor_fragment.fragment_address", "list", "expects a dict"),
-    ],
-)
-def test_a_stand_in_used_otherwise_is_refused(tmp_path, fq, how, match):
-    with fake_deepspeed() as ds:
-        obj = (_Reduce(ds[fq], ("rm -rf /",)) if how == "call" else
-               _built(ds[fq], ["__class__", "x"]))  # fmt: skip
-        if fq.endswith("ZeroStageEnum"):
-            obj = _Reduce(ds[fq], (9,))
-        torch.save({"x": obj}, tmp_path / "odd.pt")
-    with pytest.raises(ValueError, match=match) as info:
-        load_deepspeed_file(tmp_path / "odd.pt")
-    assert str(info.value).startswith(f"{tmp_path / 'odd.pt'}: ") and "\n" not in str(info.value)
-
-
-def test_a_stand_in_keeps_state_as_data(tmp_path):
-    with fake_deepspeed() as ds:
-        obj = _built(
-            ds["deepspeed.runtime.fp16.loss_scaler.LossScaler"],
-            {"__class__": "builtins.dict", "__reduce__": "x", "cur_scale": 1.0},
-        )
-        torch.save(obj, tmp_path / "s.pt")
-    loaded = load_deepspeed_file(tmp_path / "s.pt")
-    assert type(loaded) is LossScalerState
-    assert loaded.state == {"__class__": "builtins.dict", "__reduce__": "x", "cur_scale": 1.0}
-
-
-def test_deepspeeds_names_stay_refused_elsewhere(tmp_path):
-    # The stand-ins are allowed only while a DeepSpeed file loads.
-    with fake_deepspeed() as ds:
-        torch.save(_Reduce(ds["deepspeed.runtime.zero.config.ZeroStageEnum"], (2,)),
-                   tmp_path / "s.pt")  # fmt: skip
-    assert load_deepspeed_file(tmp_path / "s.pt") == 2
-    with pytest.raises(Exception, match="ZeroStageEnum"):
-        torch.load(tmp_path / "s.pt", weights_only=True)
-
-
-class _Tensor:
-    """Pickles as ``func(storage, *args)``, the storage by persistent id, as torch does."""
-
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return (self.func, (_StorageRef(), *self.args))
-
-
-class _StorageRef:
-    pass
-
-
-def _torch_zip(path, obj, key="0"):
-    """A zip laid out as torch.save lays it out: ``obj`` pickled with each storage
-    reference as ``("storage", torch.FloatStorage, key, "cpu", 4)``, storage "0"
-    holding 0, 1, 2, 3."""
-    import io
-    import pickle
-    import zipfile
-
-    class Pickler(pickle.Pickler):
-        def persistent_id(self, o):
-            if isinstance(o, _StorageRef):
-                return ("storage", torch.FloatStorage, key, "cpu", storage.size)
-            return None
-
-    storage = np.arange(4, dtype=np.float32)
-    buf = io.BytesIO()
-    Pickler(buf, protocol=2).dump(obj)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", buf.getvalue())
-        z.writestr("archive/byteorder", "little")
-        z.writestr("archive/version", "3\n")
-        z.writestr("archive/data/0", storage.tobytes())
-    return path
-
-
-_REBUILD = torch._utils._rebuild_tensor_v2
-
-
-def test_a_crafted_torch_zip_loads_as_torch_loads_it(tmp_path):
-    path = _torch_zip(tmp_path / "ok.pt", {"w": _Tensor(_REBUILD, 1, (3,), (1,), False, {})})
-    loaded = load_deepspeed_file(path)
-    np.testing.assert_array_equal(loaded["w"], [1.0, 2.0, 3.0])
-    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.tensor([1.0, 2.0, 3.0]))
-    assert not loaded["w"].flags.writeable
-
-
-@pytest.mark.parametrize(
-    "obj, match",
-    [
-        ({"w": _Tensor(_REBUILD, 0, (10,), (1,), False, {})}, "refused: .*reaches element 9"),
-        ({"w": _Tensor(_REBUILD, 0, (2,), (-1,), False, {})}, "refused: .*stride"),
-        ({"w": _Tensor(_REBUILD, 0, "x", (1,), False, {})}, "refused: .*not a tuple of ints"),
-        (
-            {"w": _Tensor(torch._tensor._rebuild_from_type_v2, torch.nn.Parameter, (), {})},
-            r"refused: .*GLOBAL torch\.nn\.parameter\.Parameter",
-        ),
-        (
-            {
-                "w": _Reduce(
-                    torch._tensor._rebuild_from_type_v2,
-                    (collections.OrderedDict, torch.Tensor, (), {}),
-                )
-            },  # fmt: skip
-            "refused: .*of anything but a plain torch.Tensor",
-        ),
-        ({"w": _Tensor(print, "x")}, r"refused: .*GLOBAL __builtin__\.print"),
-    ],
-)
-def test_a_crafted_tensor_is_refused_in_one_line(tmp_path, obj, match):
-    path = _torch_zip(tmp_path / "bad.pt", obj)
-    with pytest.raises(ValueError, match=match) as info:
-        load_deepspeed_file(path)
-    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
-
-
-def test_a_legacy_torch_file_is_refused_naming_its_format(tmp_path):
-    path = tmp_path / "old.pt"
-    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
-    with pytest.raises(ValueError, match=r"legacy \(pre-1\.6\) format.*re-save it") as info:
-        load_deepspeed_file(path)
-    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
-
-
-def test_a_storage_the_archive_lacks_is_named(tmp_path):
-    path = _torch_zip(tmp_path / "bad.pt", {"w": _Tensor(_REBUILD, 0, (2,), (1,), False, {})},
-                      key="7")  # fmt: skip
-    with pytest.raises(ValueError, match="names storage '7', which the archive lacks"):
-        load_deepspeed_file(path)
 
 
 def _copy(tmp_path, name="gpt2_z2_w2_bf16"):

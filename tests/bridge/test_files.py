@@ -14,9 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from bridge import load_safetensors, load_torch, save_safetensors, shared_params, to_torch
+from bridge import inspect, load_safetensors, load_torch, save_safetensors, shared_params, to_torch
 from jaxshare import AliasMap
-from jaxshare.cli._inspect import inspect
 from jaxshare.formats import ALIAS_MAP_KEY as METADATA_KEY
 
 

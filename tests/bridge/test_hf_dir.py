@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import bridge
-from jaxshare import Plan, checkpoint, tie
+from jaxshare import checkpoint, tie
 from jaxshare.formats import SafetensorsFile, parse_size, read_header, save_plan
+from jaxshare.stream import Plan
 
 transformers = pytest.importorskip("transformers")
 
@@ -471,7 +472,7 @@ def broken(dirs, tmp_path, how: str) -> tuple[Path, str]:
         return path, f"lists shard.*{first}.*does not hold"
     if how == "corrupt index":
         index.write_text(index.read_text()[:-20])
-        return path, "not a Hugging Face index: not JSON"
+        return path, "the Hugging Face index is not JSON"
     if how == "tensor not in its shard":
         data["weight_map"]["transformer.ghost.weight"] = first
         index.write_text(json.dumps(data))

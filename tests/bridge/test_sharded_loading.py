@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import bridge
-from jaxshare import TensorSource
+from jaxshare.stream import TensorSource
 
 
 class Counting(TensorSource):

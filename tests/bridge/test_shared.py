@@ -2,7 +2,7 @@
 
 Each DeepSpeed flaw has a test that runs ``deepspeed_shared_params`` -- a
 restatement of ``DeepSpeedEngine._get_shared_params`` (deepspeed/runtime/
-engine.py, 0.19.8) in ``bridge/_deepspeed.py`` -- beside ours, asserting the
+engine.py, 0.19.8) in ``tests/_support/deepspeed_walk.py``, a fixture -- beside ours, asserting the
 wrong answer it gives and the right one we give. ``benchmarks/bridge_convert.py`` runs
 the real DeepSpeed.
 """
@@ -15,7 +15,6 @@ from torch import nn
 
 from bridge import shared_params
 from bridge._shared import storage_key
-from jaxshare.cli._deepspeed_walk import deepspeed_shared_params
 
 
 class TiedLM(nn.Module):
@@ -69,7 +68,7 @@ def test_ties_of_a_module(make, expected):
 @pytest.mark.parametrize(
     "make", [TiedLM, Encoder, lambda: TiedLM(tie=False)], ids=["pair", "four", "none"]
 )
-def test_agrees_with_deepspeed_where_deepspeed_is_right(make):
+def test_agrees_with_deepspeed_where_deepspeed_is_right(make, deepspeed_shared_params):
     model = make()
     assert shared_params(model) == deepspeed_shared_params(model)
 
@@ -84,7 +83,7 @@ def test_state_dict_and_module_agree_and_keep_state_dict_order():
 # -- one test per DeepSpeed flaw ---------------------------------------------
 
 
-def test_zero_size_parameters_are_not_tied():
+def test_zero_size_parameters_are_not_tied(deepspeed_shared_params):
     model = nn.ParameterDict(
         {"a": nn.Parameter(torch.empty(0)), "b": nn.Parameter(torch.empty(0, 7))}
     )
@@ -92,7 +91,7 @@ def test_zero_size_parameters_are_not_tied():
     assert shared_params(model) == {}
 
 
-def test_a_view_at_the_same_address_with_another_shape_is_not_a_tie():
+def test_a_view_at_the_same_address_with_another_shape_is_not_a_tie(deepspeed_shared_params):
     model = nn.Module()
     model.a = nn.Parameter(torch.arange(10.0))
     model.b = nn.Parameter(model.a.data[:5])
@@ -101,7 +100,7 @@ def test_a_view_at_the_same_address_with_another_shape_is_not_a_tie():
     assert shared_params(model) == {}
 
 
-def test_persistent_buffers_are_walked():
+def test_persistent_buffers_are_walked(deepspeed_shared_params):
     model = nn.Module()
     table = torch.arange(4.0)
     model.register_buffer("cos", table)
@@ -111,13 +110,13 @@ def test_persistent_buffers_are_walked():
     assert shared_params(model) == {"cos_again": "cos"}
 
 
-def test_a_module_registered_twice_under_one_parent_is_found():
+def test_a_module_registered_twice_under_one_parent_is_found(deepspeed_shared_params):
     model = _twice_registered_module()
     assert deepspeed_shared_params(model) == {}  # named_children() skips the second name
     assert shared_params(model) == {"b.weight": "a.weight", "b.bias": "a.bias"}
 
 
-def test_a_parameter_registered_twice_in_one_module_is_found():
+def test_a_parameter_registered_twice_in_one_module_is_found(deepspeed_shared_params):
     model = nn.Module()
     weight = nn.Parameter(torch.ones(3))
     model.register_parameter("w", weight)
@@ -126,7 +125,7 @@ def test_a_parameter_registered_twice_in_one_module_is_found():
     assert shared_params(model) == {"w_alias": "w"}
 
 
-def test_zero3_parameters_are_keyed_by_ds_id():
+def test_zero3_parameters_are_keyed_by_ds_id(deepspeed_shared_params):
     # Under ZeRO-3 every parameter is an empty placeholder; only ds_id tells them apart.
     model = nn.Module()
     for name, ds_id in [("wte", 0), ("other", 1), ("lm_head", 0)]:

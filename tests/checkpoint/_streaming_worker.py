@@ -23,8 +23,9 @@ def _write(process_id: int, workdir: Path) -> dict:
     from jax.experimental import multihost_utils
     from safetensors.numpy import save_file
 
-    from jaxshare import AliasMap, Plan, checkpoint
+    from jaxshare import AliasMap, checkpoint
     from jaxshare.formats import SafetensorsFile
+    from jaxshare.stream import Plan
 
     arrays = {f"layer_{i}/kernel": np.full((64, 32), i, np.float32) for i in range(5)}
     src = workdir / f"in{process_id}.safetensors"  # The same tensors, one file each.

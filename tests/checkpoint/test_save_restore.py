@@ -330,7 +330,7 @@ def _json(aliases: dict, version: int = 1) -> str:
 BAD_FILES = {
     "unknown_version": (_json({"lm_head": "embed"}, version=2), "version 2", True),
     "cycle": (_json({"lm_head": "embed", "embed": "lm_head"}), "cycle", True),
-    "not_json": ("{not json", "not valid JSON", True),
+    "not_json": ("{not json", "alias map is not JSON", True),
     "oversized": (" " * (MAX_JSON_BYTES + 1), "over the limit", True),
     "canonical_not_stored": (
         _json({"lm_head": "nowhere/kernel"}),

@@ -17,10 +17,11 @@ import pytest
 from safetensors.numpy import save_file
 
 import bridge
-from jaxshare import AliasMap, ArrayInfo, Plan, PlanEntry, TensorSource, Tied
+from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
 from jaxshare._plan import ReadAhead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
+from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 # --- fixtures -----------------------------------------------------------------
 

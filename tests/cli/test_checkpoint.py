@@ -87,9 +87,8 @@ def test_convert_to_safetensors_with_a_cast(
             ["convert", "{ckpt}", "{tmp}/x.safetensors", "--dtype", "int8"],
             "must be a floating dtype",
         ),
-        (["inspect", "{tmp}/empty"], "not an Orbax checkpoint item, a Hugging Face directory"),
     ],
-    ids=["exists", "bad_dtype", "not_a_checkpoint"],
+    ids=["exists", "bad_dtype"],
 )
 def test_errors_are_one_line_with_status_1(
     ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str

@@ -203,7 +203,7 @@ def _break(path: Path, how: str) -> tuple[Path, str]:
         (path / first).unlink()
         return path, "does not hold; the directory is incomplete"
     index.write_text("{not json")
-    return path, "not a Hugging Face index: not JSON"
+    return path, "the Hugging Face index is not JSON"
 
 
 @pytest.mark.parametrize("how", ["shard alone", "missing shard", "corrupt index"])

@@ -24,6 +24,10 @@ def test_console_script_entry_point():
             ["inspect", "{tmp}/notes.txt"],
             "expected an Orbax checkpoint, a Hugging Face or DeepSpeed",
         ),
+        (  # A directory of no kind: the same one line.
+            ["inspect", "{tmp}/empty"],
+            "expected an Orbax checkpoint, a Hugging Face or DeepSpeed",
+        ),
         (["convert", "{tmp}", "{tmp}/out.npz"], "pass --format to say which"),
         (
             ["convert", "{tmp}", "{tmp}/out.pt", "--names", "flax"],
@@ -37,6 +41,7 @@ def test_console_script_entry_point():
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):
     (tmp_path / "notes.txt").write_text("hi")
+    (tmp_path / "empty").mkdir()
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1

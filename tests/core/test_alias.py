@@ -106,7 +106,7 @@ def _doc(**aliases_or_fields):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("not json", r"not valid JSON"),
+        ("not json", r"alias map is not JSON"),
         ("[1, 2]", r"must be an object, got list"),
         (_doc(format="orbax"), r"format 'orbax', expected 'jaxshare.alias_map'"),
         (_doc(version=2), r"version 2; this jaxshare reads version 1"),
@@ -128,7 +128,7 @@ def _doc(**aliases_or_fields):
             '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"a": "b", "a": "c"}}',
             r"repeats the key 'a'",
         ),
-        (b"\xff\xfe", r"not valid JSON"),
+        (b"\xff\xfe", r"alias map is not UTF-8 text"),
     ],
 )
 def test_from_json_is_strict(text, match):

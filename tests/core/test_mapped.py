@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxshare import Plan
 from jaxshare._mapped import _MAPS, copy_view, map_file
 from jaxshare.formats import SafetensorsFile, save_plan
+from jaxshare.stream import Plan
 
 LINUX = sys.platform.startswith("linux") and hasattr(os, "copy_file_range")
 

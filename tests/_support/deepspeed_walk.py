@@ -4,9 +4,9 @@ This is a faithful restatement of ``DeepSpeedEngine._get_shared_params``
 (``deepspeed/runtime/engine.py``, DeepSpeed 0.19.8) for a module outside an
 engine: parameters only, ``named_parameters(recurse=False)`` and
 ``named_children()`` (both skip duplicates), keyed by ``data_ptr()`` -- or
-``ds_id`` when the model is partitioned by ZeRO-3. The demo and the tests set it
-beside :func:`bridge.shared_params`; the benchmark measures the real one. (It
-lives with the demo, the one place that runs it.)
+``ds_id`` when the model is partitioned by ZeRO-3. The tests set it
+beside :func:`bridge.shared_params`; the benchmark measures the real one. (A
+test oracle: it is no part of the package.)
 """
 
 from __future__ import annotations

@@ -25,34 +25,145 @@ Beyond ``zero_to_fp32``: ZeRO-0 folders (which it refuses) give the stored
 parameters) is read from the module. Tensor-, pipeline- and expert-parallel
 folders are refused, as ``zero_to_fp32`` cannot consolidate them either.
 
-Files are memory-mapped and unpickled without torch (a restricted unpickler,
-DeepSpeed's classes as inert stand-ins, see :mod:`bridge._zero_pickle`), so the
+Files are memory-mapped and unpickled without torch by the restricted
+unpickler of PyTorch files (:func:`jaxshare.formats.unpickle_torch_file`), with
+DeepSpeed's four classes as inert stand-ins (:data:`STAND_INS`), so the
 partitions stay file pages; names, shapes, dtypes and ties come from the
-pickles alone, and each tensor is assembled only when asked for. Streaming a
-folder to a file imports neither torch nor JAX; :meth:`DeepSpeedCheckpoint.read`
-and :func:`load_deepspeed`, which return torch tensors, import torch.
+pickles alone, and each tensor is assembled only when asked for, as numpy
+arrays. Streaming a folder to a file imports neither torch nor JAX;
+``bridge.DeepSpeedCheckpoint`` and ``bridge.load_deepspeed`` give torch tensors.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import os
+import pickle
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
-from bridge._zero_pickle import load_deepspeed_file
-from jaxshare import AliasMap, ArrayInfo, TensorSource
-from jaxshare.internal import Index, format_bytes, is_floating
+from jaxshare._alias import AliasMap
+from jaxshare._dtype import is_floating
+from jaxshare._memory import array_key, memory_ties
+from jaxshare._report import ArrayInfo, format_bytes
+from jaxshare._source import Index, TensorSource
+from jaxshare._threads import parallel_map
+from jaxshare.formats._pytorch import unpickle_torch_file
 
-if TYPE_CHECKING:
-    import torch
+__all__ = [
+    "STAND_INS",
+    "DeepSpeedCheckpoint",
+    "FragmentAddress",
+    "LossScalerState",
+    "ZeroStage",
+    "load_deepspeed_file",
+]
 
-__all__ = ["DeepSpeedCheckpoint", "load_deepspeed"]
+
+# -- DeepSpeed's classes, as inert stand-ins --------------------------------------------
+
+
+class ZeroStage(enum.IntEnum):
+    """Stand-in for ``deepspeed.runtime.zero.config.ZeroStageEnum`` (pickled as
+    ``ZeroStageEnum(stage)``; only the values 0-4 load)."""
+
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+    max_stage = 4
+
+
+class _Inert:
+    """A stand-in that keeps the state pickle hands it and does nothing else."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:  # DeepSpeed's files rebuild these from attributes only
+            raise pickle.UnpicklingError(
+                f"{type(self).__name__} is rebuilt from its attributes only; this file calls "
+                "it with arguments"
+            )
+        self.state: dict[str, Any] = {}
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and state[0] is None:
+            state = state[1]  # (None, slots) from a class with __slots__
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            raise pickle.UnpicklingError(
+                f"{type(self).__name__} expects a dict of attributes, got {type(state).__name__}"
+            )
+        self.state = dict(state)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "state":  # not yet set: built by NEWOBJ without __init__
+            raise AttributeError(name)
+        try:
+            return self.state[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k}={v!r}" for k, v in self.state.items())
+        return f"{type(self).__name__}({items})"
+
+
+class LossScalerState(_Inert):
+    """Stand-in for DeepSpeed's ``LossScaler`` and ``DynamicLossScaler``: their
+    attributes (``cur_scale``, ``dynamic``, ...), nothing more."""
+
+    __slots__ = ()
+
+
+class FragmentAddress(_Inert):
+    """Stand-in for ``deepspeed.utils.tensor_fragment.fragment_address``
+    (``numel``, ``start``: where a parameter's piece lies in a rank's partition)."""
+
+    __slots__ = ()
+
+
+#: DeepSpeed's fully-qualified class names (as its files spell them) -> stand-in.
+STAND_INS: dict[str, type] = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": LossScalerState,
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": LossScalerState,
+    "deepspeed.runtime.zero.config.ZeroStageEnum": ZeroStage,
+    "deepspeed.utils.tensor_fragment.fragment_address": FragmentAddress,
+}
+
+
+def load_deepspeed_file(path: str | os.PathLike, /) -> Any:
+    """A DeepSpeed checkpoint file (``torch.save`` output), unpickled without torch
+    (:func:`jaxshare.formats.unpickle_torch_file`): tensors as read-only numpy
+    arrays over the mapped file, DeepSpeed's classes as the inert stand-ins in
+    :data:`STAND_INS`, anything else refused.
+
+    Raises:
+      ValueError: one line naming the file: not a PyTorch file, damaged, or
+        refused (any other class, anything that would run code), with the reason.
+
+    >>> for name in sorted(STAND_INS):  # all that is allowed beyond tensors and containers
+    ...     print(name)
+    deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler
+    deepspeed.runtime.fp16.loss_scaler.LossScaler
+    deepspeed.runtime.zero.config.ZeroStageEnum
+    deepspeed.utils.tensor_fragment.fragment_address
+    """
+    return unpickle_torch_file(
+        path,
+        classes=STAND_INS,
+        fix="if you trust this file, consolidate it with DeepSpeed's zero_to_fp32",
+    )
+
+
+# -- the folder -----------------------------------------------------------------------
+
 
 _MODEL_STATES = "mp_rank_00_model_states.pt"
 _ZERO3_MODEL = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
@@ -101,28 +212,20 @@ def _numel(shape: Any) -> int:
 
 
 def _memory_ties(module: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """``{alias: canonical}`` of the module's tensors over one memory: the same
-    place in the mapped file, shape, strides and dtype, as
-    :func:`bridge.shared_params` keys tensors by storage (zero-element ones
-    never tie). The canonical is the first name in the module's order."""
-    first: dict[tuple[Any, ...], str] = {}
-    aliases: dict[str, str] = {}
-    for name, t in module.items():
-        if not t.size:
-            continue
-        key = (t.__array_interface__["data"][0], t.shape, t.strides, t.dtype)
-        canonical = first.setdefault(key, name)
-        if canonical != name:
-            aliases[name] = canonical
-    return aliases
+    """``{alias: canonical}`` of the module's tensors over one memory (the same place
+    in the mapped file, shape, strides and dtype), canonical the first name in the
+    module's order."""
+    return memory_ties({name: array_key(t) for name, t in module.items()}).aliases
 
 
 class DeepSpeedCheckpoint(TensorSource):
     """A DeepSpeed checkpoint folder: names, shapes, dtypes and ties first, then
     tensors one at a time, rebuilt bit-exactly as DeepSpeed's ``zero_to_fp32``.
 
-    A :class:`jaxshare.TensorSource` (``kind`` ``"deepspeed"``): conversions
-    plan from :attr:`infos` and :attr:`ties` and read one tensor at a time.
+    A :class:`jaxshare.stream.TensorSource` (``kind`` ``"deepspeed"``):
+    conversions plan from :attr:`infos` and :attr:`ties` and read one tensor at a
+    time, as numpy arrays (``bridge.DeepSpeedCheckpoint``, the same reader, gives
+    torch tensors).
 
     Args:
       path: the folder ``engine.save_checkpoint`` was given (holding ``latest``)
@@ -153,17 +256,16 @@ class DeepSpeedCheckpoint(TensorSource):
         file is missing or unreadable, or one would run code when unpickled
         (refused, never run). Files are only read.
 
-    >>> import pathlib, bridge
-    >>> FIXTURES = pathlib.Path(bridge.__file__).parents[1] / "tests/data/deepspeed"
+    >>> import pathlib, jaxshare
+    >>> FIXTURES = pathlib.Path(jaxshare.__file__).parents[1] / "tests/data/deepspeed"
     >>> with DeepSpeedCheckpoint(FIXTURES / "gpt2_z3_w2_fp32") as ckpt:
     ...     print(ckpt.tag, ckpt.stage, ckpt.world_size, dict(ckpt.shared_params))
     ...     print(ckpt.infos["transformer.wte.weight"])
-    ...     a = ckpt.array("transformer.wte.weight")  # numpy, without torch
-    ...     w = ckpt.read("transformer.wte.weight")  # a torch tensor
+    ...     a = ckpt.array("transformer.wte.weight")
     global_step2 3 2 {'lm_head.weight': 'transformer.wte.weight'}
     ArrayInfo(shape=(31, 9), dtype='float32')
-    >>> a.dtype, w.shape, w.dtype
-    (dtype('float32'), torch.Size([31, 9]), torch.float32)
+    >>> a.dtype, a.shape
+    (dtype('float32'), (31, 9))
     """
 
     mapped = True  # blocks are views of mapped files or tensors in memory
@@ -540,36 +642,28 @@ class DeepSpeedCheckpoint(TensorSource):
         flat = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
         return flat.reshape(self._shapes[name])
 
-    def read(self, name: str, /) -> torch.Tensor:
-        """:meth:`array` as a torch tensor over its memory.
-
-        Raises:
-          KeyError: no such name.
-        """
-        from bridge._tensors import to_tensor
-
-        return to_tensor(self.array(name), key=name)
+    def read(self, name: str, /) -> Any:
+        """:meth:`array`, a numpy array (``bridge.DeepSpeedCheckpoint`` gives torch
+        tensors)."""
+        return self.array(name)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``array(name)[index]``."""
         return self.array(name)[index]
 
-    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def items(self) -> Iterator[tuple[str, Any]]:
         """``(name, tensor)`` for each stored tensor, in state-dict order, each
         assembled only when the one before has been handed on (aliases are not
         repeated; see :attr:`shared_params`)."""
         for name in self.infos:
             yield name, self.read(name)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every name, in state-dict order; an alias is the very tensor object of
-        its canonical (as ``zero_to_fp32`` returns it). Tensors are assembled on
-        a few threads at once."""
-        from bridge._tensors import parallel_map, to_tensor
-
+    def state_dict(self) -> dict[str, Any]:
+        """Every name, in state-dict order; an alias is the very object of its
+        canonical (as ``zero_to_fp32`` returns it). Tensors are assembled on a few
+        threads at once."""
         names = list(self.infos)
-        arrays = parallel_map(self.array, names)
-        stored = {n: to_tensor(a, key=n) for n, a in zip(names, arrays, strict=True)}
+        stored = dict(zip(names, parallel_map(self.read, names), strict=True))
         return {n: stored[self.shared_params.get(n, n)] for n in self.names}
 
     def _source(self, name: str) -> _Source:
@@ -594,34 +688,6 @@ class DeepSpeedCheckpoint(TensorSource):
             f"world_size={self.world_size}, tensors={len(self.infos)}, "
             f"aliases={len(self.shared_params)})"
         )
-
-
-def load_deepspeed(
-    path: str | os.PathLike, /, *, tag: str | None = None
-) -> dict[str, torch.Tensor]:
-    """The full state dict of a DeepSpeed checkpoint folder, equal bit for bit to
-    DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``, without deepspeed
-    and without running pickle code.
-
-    Each alias in the checkpoint's ``shared_params`` is the very tensor object of
-    its canonical. For one tensor at a time, use :class:`DeepSpeedCheckpoint`.
-
-    Args:
-      path: the folder ``engine.save_checkpoint`` was given, or a tag folder.
-      tag: the tag folder under ``path``; default: ``latest``'s.
-
-    Raises:
-      FileNotFoundError: no such folder.
-      ValueError: not a DeepSpeed checkpoint, or a file is refused or unreadable.
-
-    >>> import pathlib, bridge
-    >>> FIXTURES = pathlib.Path(bridge.__file__).parents[1] / "tests/data/deepspeed"
-    >>> sd = load_deepspeed(FIXTURES / "t5_z3_w2_bf16")
-    >>> sd["lm_head.weight"] is sd["encoder.embed_tokens.weight"] is sd["shared.weight"]
-    True
-    """
-    with DeepSpeedCheckpoint(path, tag=tag) as ckpt:
-        return ckpt.state_dict()
 
 
 # -- helpers -------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""``convert``: any checkpoint or weights file to any other, planned from metadata.
+
+The input is opened by :func:`bridge.open_source`; the output's format is
+``format``, or else what ``dst`` says: ``.safetensors``, a PyTorch file
+(``.pt``/``.bin``/``.pth``), or a directory -- a Hugging Face directory when
+``config`` or ``max_shard_size`` is given, an Orbax item otherwise. A plan
+(:class:`jaxshare.stream.Plan`) then names every output tensor from metadata
+alone:
+
+- PyTorch names -> Flax paths: :func:`bridge.flax_plan`;
+- Flax paths -> PyTorch names: :func:`bridge.torch_plan` (the naming record a
+  conversion stored makes it exact; for a Hugging Face directory without one,
+  :func:`bridge.save_hf` names them after the config's model class);
+- the same naming: ``Plan.identity`` (re-shard, cast, re-tie);
+
+and a writer streams the outputs one tensor at a time: an Orbax item, a
+``.safetensors`` file, a Hugging Face directory. A PyTorch file is a pickle of
+the whole state dict, so that one output is built in memory (and needs torch).
+
+Every route checks its paths first (the output is no input; ``force`` replaces
+only an output of the same kind) and writes through a temporary name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bridge._flax_placement import place_source
+from bridge._open import opened
+from bridge._outputs import FORMATS, NAMES, Format
+from bridge._rules import Rules, as_rules
+from bridge._torch_naming import torch_plan
+from jaxshare.formats import TORCH_SUFFIXES, save_plan
+from jaxshare.internal import UsageError, float_dtype
+from jaxshare.stream import Plan, ProgressFn, TensorSource
+
+__all__ = ["convert", "output_format"]
+
+
+def output_format(dst: str | os.PathLike, given: str | None, *, hf_options: bool) -> Format:
+    """The output format: ``given``, or what ``dst``'s suffix (or the Hugging Face
+    options) say.
+
+    Raises:
+      UsageError: an unknown format, or a suffix of no output format.
+
+    >>> output_format("out.safetensors", None, hf_options=False)
+    'safetensors'
+    >>> output_format("model_dir", None, hf_options=True)
+    'hf'
+    """
+    if given is not None:
+        if given not in FORMATS:
+            raise UsageError(f"`format` {given!r} is not one of {', '.join(FORMATS)}.")
+        return given
+    dst = Path(dst)
+    if dst.suffix == ".safetensors":
+        return "safetensors"
+    if dst.suffix in TORCH_SUFFIXES:
+        return "torch"
+    if dst.suffix:
+        raise UsageError(
+            f"{dst}: an output is a directory (an Orbax item, or a Hugging Face directory "
+            "with --config), a .safetensors file or a PyTorch file (.pt, .bin); pass "
+            "--format to say which."
+        )
+    return "hf" if hf_options else "orbax"
+
+
+def convert(
+    src: str | os.PathLike | TensorSource,
+    dst: str | os.PathLike,
+    /,
+    *,
+    format: str | None = None,
+    names: str | None = None,
+    dtype: Any = None,
+    config: Any = None,
+    max_shard_size: str | int | None = None,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+    rules: Rules | None = None,
+) -> Path:
+    """Converts ``src`` to ``dst``, streaming one tensor at a time: what
+    ``jaxshare convert SRC DST`` does.
+
+    Args:
+      src: any input :func:`bridge.open_source` takes: an Orbax item or step, a
+        Hugging Face or DeepSpeed directory, an index, a ``.safetensors`` or
+        PyTorch file, or a :class:`~jaxshare.stream.TensorSource`.
+      dst: the output (see the module docstring for how its format is chosen).
+      format: ``"orbax"``, ``"safetensors"``, ``"torch"`` or ``"hf"``: the output
+        format, where ``dst`` leaves it open.
+      names: the naming of a ``.safetensors`` output: ``"flax"`` (``'/'`` paths)
+        or ``"torch"``; default: the input's. An Orbax item in Flax names is
+        consolidated, every alias written out for readers that know no ties.
+      dtype: cast floating tensors, e.g. ``"bfloat16"``.
+      config: ``config.json`` of a Hugging Face directory output (a path, a
+        dict or a ``PretrainedConfig``); default: the input's own.
+      max_shard_size: the largest shard of a Hugging Face directory output,
+        e.g. ``"5GB"`` (default ``"50GB"``).
+      force: replace ``dst`` if it is an output of the same kind.
+      progress: ``progress(done, total, name, nbytes)`` after each tensor.
+      rules: naming rules, for conversions between PyTorch and Flax names.
+
+    Returns:
+      ``dst`` as a ``Path``.
+
+    Raises:
+      UsageError: options that do not fit the input or the output, or an input
+        of no kind jaxshare reads; the message names each option as the command
+        spells it (``--names`` is ``names=``).
+      FileNotFoundError, FileExistsError, ValueError: a bad input or destination,
+        one line naming it; nothing is left behind.
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> emb = np.arange(8, dtype=np.float32).reshape(4, 2)
+    >>> save_file({"wte.weight": emb}, d + "/model.safetensors")
+    >>> convert(d + "/model.safetensors", d + "/ckpt").name
+    'ckpt'
+    >>> from jaxshare import checkpoint
+    >>> checkpoint.restore(d + "/ckpt")["params"]["wte"]["embedding"].shape
+    (4, 2)
+    """
+    dst = Path(dst)
+    rules = as_rules(rules)
+    float_dtype(dtype)  # A bad `dtype` fails before anything is read.
+    hf_options = config is not None or max_shard_size is not None
+    fmt = output_format(dst, format, hf_options=hf_options)
+    if fmt != "hf" and hf_options:
+        raise UsageError("--config and --max-shard-size are for Hugging Face directory outputs.")
+    if names is not None and (names not in NAMES or fmt != "safetensors"):
+        raise UsageError(
+            "--names chooses the naming of a .safetensors output only: 'flax' or 'torch', "
+            f"got {names!r} for a {fmt} output."
+        )
+    inputs = [src] if isinstance(src, (str, os.PathLike)) else []
+    with opened(src, rules, arg="src") as source:
+        inputs += [source.path] if source.path is not None else []
+        if fmt == "hf":
+            from bridge._hf_save import save_hf
+
+            # save_hf plans: a naming record, else the config's model class, names Flax leaves.
+            return save_hf(
+                dst,
+                source,
+                dtype=dtype,
+                config=config if config is not None else _config_of(source, dst),
+                max_shard_size=max_shard_size,
+                force=force,
+                inputs=inputs,
+                progress=progress,
+                rules=rules,
+            )
+        if fmt == "safetensors" and source.kind == "orbax" and names in (None, "flax"):
+            from jaxshare import checkpoint
+
+            # Every alias written out too, for readers that know no ties.
+            checkpoint.consolidate_to_safetensors(
+                source.where, dst, dtype=dtype, force=force, progress=progress
+            )
+            return dst
+        plan = _plan(source, fmt, names, rules).cast(dtype)
+        if fmt == "orbax":
+            from jaxshare import checkpoint
+
+            checkpoint.write_item(dst, plan, source, force=force, inputs=inputs, progress=progress)
+        elif fmt == "safetensors":
+            save_plan(dst, plan, source, force=force, inputs=inputs, progress=progress)
+        else:
+            from bridge._torchfile import save_torch  # (torch: a pickle of torch tensors)
+
+            save_torch(plan, source, dst, force=force, inputs=inputs, progress=progress)
+    return dst
+
+
+def _plan(source: TensorSource, fmt: Format, names: str | None, rules: Rules) -> Plan:
+    """The plan of an Orbax, safetensors or PyTorch-file output: Flax names for an
+    item (and for ``names="flax"``), PyTorch names for a PyTorch file (and for
+    ``names="torch"``), the input's own naming for a ``.safetensors`` file."""
+    flax = source.flax_named
+    if fmt == "safetensors":
+        want_flax = (names or ("flax" if flax else "torch")) == "flax"
+    else:
+        want_flax = fmt == "orbax"
+    if want_flax == flax:
+        return Plan.identity(source)
+    if want_flax:
+        return place_source(source, rules=rules).plan(source)
+    return torch_plan(source, rules=rules)
+
+
+def _config_of(source: TensorSource, dst: Path) -> Any:
+    config = getattr(source, "config", None)
+    if config is None:
+        raise UsageError(
+            f"{dst}: a Hugging Face directory needs a config.json: pass --config "
+            "(the input has none)."
+        )
+    return config

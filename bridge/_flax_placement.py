@@ -1,0 +1,377 @@
+"""Torch -> Flax placement: where each PyTorch tensor of a source goes in a Flax tree.
+
+Placing reads only names, shapes, layer kinds, ties and a naming record -- never a
+tensor -- and decides, for every name, a Flax path and the PyTorch -> Flax axis
+permutation (a :class:`Slot`), and turns the PyTorch ties into an alias map in
+Flax paths: a :class:`FlaxPlan`. :func:`bridge.to_flax` moves the values after
+it, :func:`bridge.flax_plan` streams them into files after it, and
+:func:`bridge.flax_alias_map` keeps only its ties; all three start from
+:func:`place_source`, so every route places a tensor the same way.
+
+Without a target tree the rules place each tensor (:mod:`bridge._rules`), or the
+naming record a source carries does, exactly. With one (``like=``), each
+tensor's candidate places are tried in order, each spelled with and without its
+collection and with both list namings; the first path the tree has *with the
+right shape* wins. So the tree settles what names cannot: a square Linear versus
+a GPT-2 ``Conv1D`` weight by shape, ``embedding`` versus ``kernel`` by name,
+linen ``layers_0`` versus ``layers/0``. Every problem is collected and reported
+at once, by name.
+
+Paths are tuples of ``str`` parts here; they are rendered (``'/'``-joined) only
+where they leave: in the alias map, the naming record and the plan.
+
+Nothing here imports torch or, without a target tree, JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bridge._rules import (
+    Rules,
+    RulesArg,
+    Target,
+    TorchLeaf,
+    as_rules,
+    candidates,
+    guess_kind,
+    module_variants,
+)
+from jaxshare import AliasMap, NamingRecord
+from jaxshare.internal import Perm, compose, inverse, permute_shape, render, split
+from jaxshare.stream import Plan, PlanEntry, TensorSource
+
+if TYPE_CHECKING:
+    from bridge._target import TargetTree
+    from bridge._to_flax import Source
+
+__all__ = [
+    "FlaxPlan",
+    "Slot",
+    "default_slot",
+    "flax_plan",
+    "place",
+    "place_source",
+    "plan_flax",
+    "torch_leaves",
+]
+
+FlaxPath = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor lives in the Flax tree.
+
+    Attributes:
+      path: the Flax path, as a tuple of keys.
+      perm: the PyTorch -> Flax axis permutation.
+      collection: whether ``path`` starts with the collection name.
+      linen: whether ``path`` spells list items linen's way (``layers_0``).
+    """
+
+    path: FlaxPath
+    perm: Perm | None
+    collection: bool = True
+    linen: bool = False
+
+    @property
+    def name(self) -> str:
+        """The path rendered, ``'params/wte/embedding'``."""
+        return render(self.path)
+
+
+def _slot(leaf: TorchLeaf, target: Target, module: FlaxPath, collection: bool) -> Slot:
+    parts = ((target.collection,) if collection else ()) + module + (target.name,)
+    return Slot(parts, target.perm, collection, module != leaf.module)
+
+
+def _spellings(leaf: TorchLeaf, target: Target, rules: Rules) -> list[Slot]:
+    """Every spelling of ``target``'s path: list namings, with and without collection."""
+    modules = module_variants(leaf.module, rules.linen_lists)
+    return [_slot(leaf, target, module, c) for module in modules for c in (True, False)]
+
+
+def default_slot(
+    leaf: TorchLeaf, rules: Rules, *, collection: bool = True, linen: bool | None = None
+) -> Slot:
+    """The place of ``leaf`` when no tree decides: its first candidate, spelled
+    with or without the collection and with linen's list naming or not.
+
+    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules()).name
+    'params/h/0/fc/kernel'
+    """
+    module = module_variants(leaf.module, rules.linen_lists if linen is None else linen)[0]
+    return _slot(leaf, candidates(leaf, rules)[0], module, collection)
+
+
+def place(
+    leaves: list[TorchLeaf],
+    index: Mapping[FlaxPath, tuple[int, ...]],
+    rules: Rules,
+    *,
+    optional: Collection[str] = (),
+    what: str = "`like`",
+) -> tuple[dict[str, Slot], list[str]]:
+    """Places each leaf at a path of ``index`` (``{flax path: shape}``).
+
+    Returns:
+      ``({key: Slot}, problems)``. A leaf in ``optional`` (a tie's alias) with
+      no place is left out silently; any other leaf with no place, a shape that
+      fits no candidate, or two leaves at one path is a problem, named.
+    """
+    slots: dict[str, Slot] = {}
+    taken: dict[FlaxPath, str] = {}
+    problems: list[str] = []
+    for leaf in leaves:
+        tried: list[str] = []
+        found: Slot | None = None
+        for target in candidates(leaf, rules):
+            for slot in _spellings(leaf, target, rules):
+                shape = index.get(slot.path)
+                if shape is None:
+                    continue
+                want = permute_shape(leaf.shape, slot.perm)
+                if tuple(shape) == want:
+                    found = slot
+                    break
+                tried.append(f"{slot.name!r} has shape {tuple(shape)}, not {want}")
+            if found is not None:
+                break
+        if found is None:
+            if tried:
+                problems.append(
+                    f"{leaf.key!r} {tuple(leaf.shape)}: no place with a matching shape: "
+                    + "; ".join(tried)
+                )
+            elif leaf.key not in optional:
+                spelled = [s.name for s in _spellings(leaf, candidates(leaf, rules)[0], rules)]
+                problems.append(
+                    f"{leaf.key!r} has no place in {what} (looked for {spelled[:2]} and "
+                    "other rule candidates)"
+                )
+            continue
+        if found.path in taken:
+            problems.append(f"{leaf.key!r} and {taken[found.path]!r} both go to {found.name!r}")
+            continue
+        taken[found.path] = leaf.key
+        slots[leaf.key] = found
+    return slots, problems
+
+
+def torch_leaves(
+    source: TensorSource, rules: Rules, ties: AliasMap | None = None, *, guess: bool = True
+) -> list[TorchLeaf]:
+    """What the rules need to know of each tensor of ``source``: its name, shape
+    (an alias the source does not store takes its canonical's), layer kind (the
+    source's, else -- with ``guess`` -- guessed from the module name) and whether
+    it is a buffer. With a target tree (``like=``) nothing is guessed: its paths and
+    shapes choose among every candidate."""
+    ties = source.ties if ties is None else ties
+    layers = source.layers or {}
+    buffers = getattr(source, "buffers", None)
+    shapes = {name: info.shape for name, info in source.infos.items()}
+    missing = sorted({c for c in ties.values() if c not in shapes})
+    if missing:
+        raise ValueError(
+            f"{source.where}: the ties name canonical(s) {missing[:5]} that are not stored."
+        )
+    for alias, canonical in ties.items():
+        if alias not in shapes:
+            shapes[alias] = permute_shape(shapes[canonical], ties.transform(alias))
+    leaves = []
+    for key, shape in shapes.items():
+        owner = key.rpartition(".")[0]
+        layer = layers.get(owner) or (guess_kind(owner, rules) if guess else None)
+        buffer = None if buffers is None else key in buffers
+        leaves.append(TorchLeaf(key, tuple(shape), layer, buffer))
+    return leaves
+
+
+@dataclass(frozen=True)
+class FlaxPlan:
+    """Where every tensor of a source goes in Flax, decided from metadata alone:
+    what :func:`place_source` returns.
+
+    Attributes:
+      slots: PyTorch name -> its Flax path and PyTorch -> Flax permutation, for
+        every tensor and alias.
+      stored: PyTorch names whose tensors are stored (canonicals and untied),
+        in the source's order.
+      alias_map: the ties in Flax paths, with their transforms and the naming
+        record of every slot.
+      target: the target tree the tensors were placed in (``like=``), if any.
+    """
+
+    slots: dict[str, Slot]
+    stored: list[str]
+    alias_map: AliasMap
+    target: TargetTree | None = None
+
+    def plan(self, source: TensorSource) -> Plan:
+        """The streaming plan: each stored tensor of ``source`` written at its Flax
+        path, in its Flax layout; the plan's alias map carries the naming record."""
+        entries = []
+        for key in self.stored:
+            slot = self.slots[key]
+            info = source.infos[key]
+            entries.append(PlanEntry(slot.name, key, slot.perm, info.permuted(slot.perm)))
+        return Plan(tuple(entries), self.alias_map)
+
+
+def place_source(
+    source: TensorSource,
+    /,
+    *,
+    like: Any = None,
+    rules: Rules,
+    ties: AliasMap | None = None,
+) -> FlaxPlan:
+    """Places every tensor of an opened ``source`` in Flax paths (in ``like``, a
+    target tree, when given), with ``ties`` (default: the source's own)."""
+    target = None
+    if like is not None:
+        from bridge._target import target_tree  # (JAX: `like` is a Flax tree.)
+
+        target = target_tree(like)
+    ties = source.ties if ties is None else ties
+    leaves = torch_leaves(source, rules, ties, guess=target is None)
+    return plan_flax(leaves, ties, target, rules, ties.naming)
+
+
+def plan_flax(
+    leaves: list[TorchLeaf],
+    aliases: AliasMap,
+    like: TargetTree | None,
+    rules: Rules,
+    naming: NamingRecord | None = None,
+) -> FlaxPlan:
+    """Places every leaf in Flax paths and turns the PyTorch ties into an alias map.
+
+    Without ``like`` a recorded ``naming`` (a file jaxshare wrote from Flax)
+    places each leaf exactly; otherwise the rules do. An alias with no place in
+    ``like`` (or whose layer is unknown) takes its canonical's Flax leaf name
+    and layout at its own module path; one whose layer is known takes the
+    rules' name for it.
+    """
+    groups: dict[str, list[str]] = {}
+    for alias, canonical in aliases.items():
+        groups.setdefault(canonical, [canonical]).append(alias)
+    order = {leaf.key: i for i, leaf in enumerate(leaves)}
+    tied = {k for members in groups.values() for k in members}
+    problems: list[str] = []
+    recorded = _recorded_slots(naming, leaves) if like is None else None
+    if recorded is not None:
+        slots = recorded
+    elif like is None:
+        # Each tie's first name, and every untied or typed name, by the rules; the
+        # other names of a tie follow their canonical below.
+        firsts = {min(members, key=order.__getitem__) for members in groups.values()}
+        slots = {
+            leaf.key: default_slot(leaf, rules)
+            for leaf in leaves
+            if leaf.key not in tied or leaf.key in firsts or leaf.layer is not None
+        }
+    else:
+        slots, problems = place(leaves, like.index, rules, optional=tied)
+    by_key = {leaf.key: leaf for leaf in leaves}
+    amap: dict[str, str] = {}
+    transforms: dict[str, Perm | None] = {}
+    alias_keys: set[str] = set()
+    for members in groups.values():
+        members.sort(key=order.__getitem__)
+        # The canonical is the first name placed at a leaf the result holds (not at a
+        # path an NNX graph reaches a shared Variable by, which its state drops).
+        kept = like.shapes if like is not None else {slot.path for slot in slots.values()}
+        placed = sorted((k for k in members if k in slots), key=lambda k: slots[k].path not in kept)
+        if not placed:
+            problems.append(f"none of the tied names {members} has a place in `like`")
+            continue
+        canonical = slots[placed[0]]
+        # Each member m is T(root, t_m) in PyTorch (t_m its own transform, the root
+        # being the tie's PyTorch canonical) and T(root, P_m) in Flax, P_m = slot_m . t_m;
+        # so the Flax alias m is T(flax canonical c, P_m . P_c^-1).
+        from_root = inverse(_root_perm(canonical, placed[0], aliases))
+        for key in members:
+            if key == placed[0]:
+                continue
+            alias_keys.add(key)
+            if key not in slots:  # No place: the tie stays in the alias map.
+                slots[key] = _alias_slot(by_key[key], canonical, rules)
+            slot = slots[key]
+            amap[slot.name] = canonical.name
+            transforms[slot.name] = compose(_root_perm(slot, key, aliases), from_root)
+    taken: dict[FlaxPath, str] = {}
+    for key, slot in slots.items():  # (`place` has reported collisions among placed tensors)
+        other = taken.setdefault(slot.path, key)
+        if other != key:
+            problems.append(f"{other!r} and {key!r} both go to {slot.name!r}")
+    if like is not None:
+        empty = [f"{render(p)!r} {s}" for p, s in like.shapes.items() if p not in taken]
+        if empty:
+            problems.append(f"`like` has leaves no tensor fills: {', '.join(empty[:10])}")
+    if problems:
+        raise ValueError(
+            f"cannot place the PyTorch tensors in {'Flax paths' if like is None else '`like`'}:"
+            + "".join(f"\n  {p}" for p in problems)
+            + "\nPass `like=` the tree the Flax model expects (e.g. `jax.eval_shape` of its "
+            "init), the module instead of its state dict (its layer types decide), or "
+            "`rules=` naming what the defaults do not know."
+        )
+    stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
+    record = NamingRecord(
+        {slots[leaf.key].name: (leaf.key, slots[leaf.key].perm) for leaf in leaves}
+    )
+    return FlaxPlan(slots, stored, AliasMap(amap, transforms=transforms, naming=record), like)
+
+
+def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
+    """The permutation from a tie's PyTorch canonical to ``key``'s Flax value."""
+    return compose(slot.perm, aliases.transform(key) if key in aliases else None)
+
+
+def _alias_slot(leaf: TorchLeaf, canonical: Slot, rules: Rules) -> Slot:
+    """The place of an alias that nothing else places: the rules' name for its layer
+    when the layer is known (or its module name tells it: ``lm_head``); otherwise its
+    canonical's leaf name and layout."""
+    kind = leaf.layer or guess_kind(".".join(leaf.module), rules)
+    if kind is not None:
+        typed = dataclasses.replace(leaf, layer=kind)
+        return default_slot(typed, rules, collection=canonical.collection, linen=canonical.linen)
+    module = module_variants(leaf.module, canonical.linen)[0]
+    prefix = canonical.path[:1] if canonical.collection else ()
+    parts = prefix + module + canonical.path[-1:]
+    return Slot(parts, canonical.perm, canonical.collection, canonical.linen)
+
+
+def _recorded_slots(naming: NamingRecord | None, leaves: list[TorchLeaf]) -> dict[str, Slot] | None:
+    """The slots a naming record gives, when it names every leaf; else ``None``."""
+    if not naming:
+        return None
+    by_torch = {n.torch: (path, n.permute) for path, n in naming.items()}
+    if any(leaf.key not in by_torch for leaf in leaves):
+        return None
+    return {leaf.key: Slot(split(by_torch[leaf.key][0]), by_torch[leaf.key][1]) for leaf in leaves}
+
+
+def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) -> Plan:
+    """Where each tensor of a PyTorch-named source goes in Flax: its path, layout
+    and ties, as :func:`bridge.to_flax` would place it, without reading a tensor.
+
+    The plan's alias map (Flax paths) carries the naming record.
+
+    >>> import torch
+    >>> sd = {"wte.weight": torch.zeros(10, 4), "lm_head.weight": torch.zeros(4, 4)}
+    >>> for e in flax_plan(sd).entries:
+    ...     print(e.name, e.source, e.perm)
+    params/wte/embedding wte.weight None
+    params/lm_head/kernel lm_head.weight (1, 0)
+    """
+    from bridge._open import opened
+
+    rules = as_rules(rules)
+    with opened(source, rules) as src:
+        return place_source(src, like=like, rules=rules).plan(src)

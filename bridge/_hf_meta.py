@@ -1,0 +1,97 @@
+"""The model class of a Hugging Face ``config.json``, built on the meta device.
+
+``save_pretrained`` leaves a tied tensor out of the files; only the model class
+says exactly which names transformers ties again on load. Built on the meta
+device it costs no memory and runs no weights, downloads nothing and runs no
+remote code, and it tells ``all_tied_weights_keys`` (transformers 5;
+``_tied_weights_keys`` and the input/output embeddings before it), the
+parameters one module reaches by several names, and the class of every module
+(so a GPT-2 ``Conv1D`` is known as one). This is the one module of the config
+logic that imports torch and transformers (:mod:`bridge._hf_config` calls it
+only when both are installed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from bridge._hf_config import ConfigTies
+from bridge._rules import Rules, layer_kind
+
+__all__ = ["meta_model_ties"]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' warnings and log lines off, for a model that is never run."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | None:
+    """The ties and layers of the model class of ``config``, built on the meta
+    device; ``None`` when transformers cannot build it."""
+    try:
+        import transformers  # (Configures its logger: quieted only after the import.)
+    except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
+        return None
+    with _quiet():
+        try:
+            model_type = config.get("model_type")
+            if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
+                return None
+            hf_config = transformers.CONFIG_MAPPING[model_type].from_dict(dict(config))
+            architectures = config.get("architectures") or []
+            cls = None
+            if architectures and isinstance(architectures[0], str):
+                cls = getattr(transformers, architectures[0], None)
+            with torch.device("meta"):
+                if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+                    model = cls._from_config(hf_config)  # type: ignore[attr-defined]
+                else:
+                    model = transformers.AutoModel.from_config(hf_config)
+        except Exception:  # noqa: BLE001 -- any failure: the table decides instead.
+            return None
+    ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
+        ties = _v4_ties(model)
+    names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
+    # A parameter reached by several names (a module registered twice) is a tie too.
+    first: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(param), name)
+        if canonical != name and name not in ties:
+            ties[name] = canonical
+    layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
+    return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
+
+
+def _v4_ties(model: Any) -> dict[str, str]:
+    """transformers 4: the output embedding tied to the input embedding."""
+    ties: dict[str, str] = {}
+    if not getattr(model.config, "tie_word_embeddings", True):
+        return ties
+    try:
+        inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return ties
+    if inp is None or out is None:
+        return ties
+    names = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
+    if id(inp) in names and id(out) in names:
+        ties[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
+    return ties

@@ -1,0 +1,37 @@
+"""Plan from metadata, then move bytes: the pipeline under every conversion.
+
+A :class:`TensorSource` describes what it stores (names, shapes, dtypes, ties,
+a naming record) before any tensor is read, and then hands out one tensor (or
+one slice) at a time. A :class:`Plan` decides, from that description alone,
+every output: its name, layout and dtype, and the output's ties. A writer then
+streams the plan's outputs from the source, reading ahead on a few threads
+(:class:`ReadAhead`) within a memory budget of about two tensors.
+:class:`TieReport` is what a source says of itself (``jaxshare inspect``), and a
+:class:`ProgressFn` hears of each tensor written.
+
+The readers (``jaxshare.formats``, ``jaxshare.checkpoint``, ``bridge``) are
+sources; the writers take a plan and a source.
+"""
+
+import typing as _typing
+
+from jaxshare._lazy import exports as _exports
+
+if _typing.TYPE_CHECKING:
+    from jaxshare._plan import Plan as Plan
+    from jaxshare._plan import PlanEntry as PlanEntry
+    from jaxshare._plan import ReadAhead as ReadAhead
+    from jaxshare._progress import ProgressFn as ProgressFn
+    from jaxshare._report import ArrayInfo as ArrayInfo
+    from jaxshare._report import TieReport as TieReport
+    from jaxshare._source import TensorSource as TensorSource
+
+__getattr__, __dir__, __all__ = _exports(
+    __name__,
+    {
+        "jaxshare._plan": ["Plan", "PlanEntry", "ReadAhead"],
+        "jaxshare._progress": ["ProgressFn"],
+        "jaxshare._report": ["ArrayInfo", "TieReport"],
+        "jaxshare._source": ["TensorSource"],
+    },
+)
