@@ -100,13 +100,11 @@ def child(peer: str, mode: str, root: str, out: str) -> None:
     if peer == "deepspeed":
         import torch
         from deepspeed.utils import zero_to_fp32
-    else:
-        import bridge
-        from jaxshare.formats import save_plan  # noqa: F401 -- its import is not the call's
-
-        bridge.DeepSpeedCheckpoint  # noqa: B018 -- bridge imports on first use: do it now
-        if mode == "dict":  # Its result is torch tensors; the files are read without torch.
-            import torch  # noqa: F401
+    elif mode == "dict":  # Its result is torch tensors; the files are read without torch.
+        from bridge import load_deepspeed  # (Imports are not the call's time.)
+    else:  # The folder to a file: numpy only.
+        from jaxshare.formats import DeepSpeedCheckpoint, save_plan
+        from jaxshare.stream import Plan
     t1 = time.perf_counter()
     if peer == "deepspeed" and mode == "dict":
         state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(root)
@@ -119,12 +117,9 @@ def child(peer: str, mode: str, root: str, out: str) -> None:
     elif peer == "deepspeed":
         zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict(root, out)
     elif mode == "dict":
-        state = bridge.load_deepspeed(root)
+        state = load_deepspeed(root)
     else:
-        from jaxshare.formats import save_plan
-        from jaxshare.stream import Plan
-
-        with bridge.DeepSpeedCheckpoint(root) as ckpt:
+        with DeepSpeedCheckpoint(root) as ckpt:
             save_plan(out, Plan.identity(ckpt), ckpt)
     t2 = time.perf_counter()
     print(json.dumps({"import_s": t1 - t0, "call_s": t2 - t1}))

@@ -104,7 +104,8 @@ def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
     import numpy as np
 
     from jaxshare import AliasMap
-    from jaxshare.formats import TensorSpec, tie_metadata, write_safetensors
+    from jaxshare.formats import TensorSpec, write_safetensors
+    from jaxshare.internal import tie_metadata
 
     rng = np.random.default_rng(0)
     tie = AliasMap({"lm_head.weight": "transformer.wte.weight"})
@@ -162,11 +163,9 @@ def child(op: str, side: str, src: str, dst: str, plans: str) -> None:
     import numpy as np
 
     if side == "ours":
-        import jaxshare.checkpoint  # noqa: F401 -- imports not timed, as for the peer
-        from jaxshare.cli._convert import convert
-
-        if op != "flax":
-            import bridge  # noqa: F401 -- this route needs it (and PyTorch)
+        from bridge import convert
+        from jaxshare.checkpoint import open_source, write_item  # noqa: F401 -- imports not
+        from jaxshare.formats import save_plan  # noqa: F401 -- timed, as for the peer
 
         start = time.perf_counter()
         convert(src, dst, names="torch" if op == "torch" else None)

@@ -5,10 +5,13 @@ A path is a tuple of ``str | int`` parts taken from a ``jax.tree_util`` key path
 graph. It is rendered the way ``flax.traverse_util.flatten_dict(sep='/')`` does:
 ``('params', 'wte', 'embedding')`` becomes ``'params/wte/embedding'``.
 
-Rendering is the only direction the library needs for matching: paths of a tree
-are rendered and looked up, never parsed. The one place a string is split is
-:func:`split`, used when ``retie`` must re-create mapping keys that ``dedupe``
-removed.
+Between the stages of a conversion paths stay tuples; they are rendered at the
+edges -- an ``AliasMap``, a ``NamingRecord``, a plan's output names, JSON,
+messages -- and a tree's paths are rendered to be matched, never parsed. A
+rendered path is split back in one place, :func:`split`, where paths come back
+from an edge and a tree must be rebuilt from them: ``retie`` re-creating the
+mapping keys ``dedupe`` removed, :func:`nest` building a tree from an item's
+paths, an alias map's alias that the tree does not hold.
 """
 
 from __future__ import annotations
@@ -94,7 +97,11 @@ def render_part(part: Any, path: Path) -> str:
 
 
 def split(path: str) -> tuple[str, ...]:
-    """Splits a rendered path into its string parts (the inverse of :func:`render`)."""
+    """Splits a rendered path into its string parts (the inverse of :func:`render`).
+
+    >>> split("params/layers/0/kernel")
+    ('params', 'layers', '0', 'kernel')
+    """
     return tuple(path.split(SEP))
 
 
@@ -110,7 +117,7 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """
     root: dict[str, Any] = {}
     for path, value in flat.items():
-        *parents, last = path.split(SEP)
+        *parents, last = split(path)
         node = root
         for i, part in enumerate(parents):
             node = node.setdefault(part, {})

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -51,6 +52,39 @@ def load_script() -> Callable[[str], ModuleType]:
         return module
 
     return load
+
+
+@pytest.fixture(scope="session")
+def api_surface() -> Callable[[str], dict]:
+    """``api_surface("jaxshare.formats")``: what the package's face promises and gives,
+    read in a fresh interpreter (``tests/_support/api_surface.py``), so that nothing an
+    earlier test imported can fill the package in."""
+
+    def read(package: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "_support" / "api_surface.py"), package],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    return read
+
+
+@pytest.fixture(scope="session")
+def flat() -> Callable[[Any], dict[str, Any]]:
+    """``flat(tree)``: ``{rendered path: leaf}``, in ``jax.tree_util`` flatten order."""
+    import jax
+
+    from jaxshare.internal import keypath_to_path, render
+
+    def flatten(tree: Any) -> dict[str, Any]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {render(keypath_to_path(kp)): leaf for kp, leaf in leaves}
+
+    return flatten
 
 
 def _free_port() -> int:

@@ -37,6 +37,7 @@ import tensorstore as ts
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
+from jaxshare._paths import nest
 from jaxshare._plan import Plan, PlanEntry, ReadAhead
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
@@ -104,20 +105,16 @@ class StreamedItem:
     def split(self) -> tuple[dict[str, Any], dict[str, EmptyArray]]:
         """The unique tree of placeholders Orbax writes, and the zero-size outputs,
         which it cannot store (recorded instead, as ``save`` does)."""
-        tree: dict[str, Any] = {}
+        leaves: dict[str, _Leaf] = {}
         empty: dict[str, EmptyArray] = {}
         for index, entry in enumerate(self.plan.entries):
             dtype = numpy_dtype(entry.info.dtype)
             kind = "numpy" if dtype.itemsize >= 8 else "jax"
             if 0 in entry.info.shape:
                 empty[entry.name] = EmptyArray(tuple(entry.info.shape), dtype, kind)
-                continue
-            node = tree
-            *parents, last = entry.name.split("/")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = (_NumpyLeaf if kind == "numpy" else _JaxLeaf)(index, entry)
-        return tree, empty
+            else:
+                leaves[entry.name] = (_NumpyLeaf if kind == "numpy" else _JaxLeaf)(index, entry)
+        return nest(leaves), empty
 
     def handler(self, **kwargs: Any) -> ocp.PyTreeCheckpointHandler:
         """Orbax's PyTree handler, writing placeholders through this item."""

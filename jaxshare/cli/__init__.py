@@ -1,5 +1,10 @@
 """The ``jaxshare`` command (the top layer): ``main`` is its entry point."""
 
-from jaxshare.cli._main import main
+import typing as _typing
 
-__all__ = ["main"]
+from jaxshare.internal import exports as _exports
+
+if _typing.TYPE_CHECKING:
+    from jaxshare.cli._main import main as main
+
+__getattr__, __dir__, __all__ = _exports(__name__, {"jaxshare.cli._main": ["main"]})

@@ -77,27 +77,20 @@ LAYERS = [
 ]
 
 
-def _flat(tree) -> dict:
-    return {
-        "/".join(str(k.key) for k in path): leaf
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-    }
-
-
 @pytest.mark.parametrize(
     "layer, expected", LAYERS, ids=lambda x: type(x).__name__ if isinstance(x, tnn.Module) else ""
 )
-def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
+def test_each_layer_maps_names_and_layouts_and_back(layer, expected, flat):
     model = _one(layer)
     variables, aliases = to_flax(model)
-    flat = _flat(variables)
-    assert set(flat) == set(expected) and not aliases
+    leaves = flat(variables)
+    assert set(leaves) == set(expected) and not aliases
     state = model.state_dict()
     for path, (perm, name) in expected.items():
         tensor = state[f"layer.{name}"]
         want = tensor.numpy() if perm is None else tensor.numpy().transpose(perm)
-        np.testing.assert_array_equal(np.asarray(flat[path]), want)
-        assert np.asarray(flat[path]).dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(leaves[path]), want)
+        assert np.asarray(leaves[path]).dtype == want.dtype
     # Going back needs the layer types only where names are ambiguous (Conv1D, ConvTranspose).
     back = to_torch(variables, like=model)
     assert list(back) == list(state)
@@ -121,9 +114,9 @@ def test_each_layer_maps_names_and_layouts_and_back(layer, expected):
         ("scalar", (), ("params/scalar", None)),
     ],
 )
-def test_names_alone_use_the_first_candidate(key, shape, expected):
+def test_names_alone_use_the_first_candidate(key, shape, expected, flat):
     variables, aliases = to_flax({key: torch.zeros(shape)})
-    ((path, leaf),) = _flat(variables).items()
+    ((path, leaf),) = flat(variables).items()
     assert (path, leaf.shape) == (
         expected[0],
         tuple(np.transpose(np.zeros(shape), expected[1]).shape),
@@ -204,11 +197,11 @@ def test_layer_kinds_are_overridable():
 @pytest.mark.parametrize(
     "linen_lists, path", [(False, "params/layers/0/kernel"), (True, "params/layers_0/kernel")]
 )
-def test_list_items_are_named_as_nnx_or_as_linen(linen_lists, path):
+def test_list_items_are_named_as_nnx_or_as_linen(linen_lists, path, flat):
     model = tnn.ModuleDict({"layers": tnn.ModuleList([tnn.Linear(2, 2)])})
     rules = Rules(linen_lists=linen_lists)
     variables, _ = to_flax(model, rules=rules)
-    assert path in _flat(variables)
+    assert path in flat(variables)
     assert set(to_torch(variables, rules=rules)) == {"layers.0.weight", "layers.0.bias"}
 
 

@@ -9,15 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxshare._paths import flatten_with_paths, render
 
-
-def _flat(tree: Any) -> dict[str, Any]:
-    return {render(p): leaf for p, leaf in flatten_with_paths(tree)}
-
-
-def _assert_bit_exact(got: Any, want: Any) -> None:
-    got, want = _flat(got), _flat(want)
+def _assert_bit_exact(flat: Callable[[Any], dict[str, Any]], got: Any, want: Any) -> None:
+    got, want = flat(got), flat(want)
     assert sorted(got) == sorted(want)
     for path, w in want.items():
         g = got[path]
@@ -28,14 +22,8 @@ def _assert_bit_exact(got: Any, want: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def flat() -> Callable[[Any], dict[str, Any]]:
-    """``flat(tree)``: ``{rendered path: leaf}``."""
-    return _flat
-
-
-@pytest.fixture(scope="session")
-def assert_bit_exact() -> Callable[[Any, Any], None]:
+def assert_bit_exact(flat: Callable[[Any], dict[str, Any]]) -> Callable[[Any, Any], None]:
     """``assert_bit_exact(got, want)``: same paths, and per path the same shape, dtype,
     bytes and kind (``jax.Array`` or not); tuples restore as lists and numpy scalars as
     0-d arrays, as Orbax does."""
-    return _assert_bit_exact
+    return lambda got, want: _assert_bit_exact(flat, got, want)

@@ -351,6 +351,28 @@ def _anchors(page: Path) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md says where each concept lives: a module it does not name is
+    one a contributor cannot find, and a name it gives that is no module is stale."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    modules = {
+        str(p.relative_to(ROOT))
+        for pkg in ("jaxshare", "bridge")
+        for p in (ROOT / pkg).rglob("*.py")
+    }
+    named = set(re.findall(r"`((?:jaxshare|bridge)/[\w/]+\.py)`", page))
+    assert sorted(modules - named) == [], "modules the page does not name"
+    assert sorted(named - modules) == [], "names on the page that are no module"
+
+
+def test_the_formats_page_documents_every_name_of_jaxshare_formats():
+    import jaxshare.formats
+
+    page = (ROOT / "docs" / "formats.md").read_text()
+    undocumented = [n for n in jaxshare.formats.__all__ if f"`{n}" not in page]
+    assert undocumented == []
+
+
 @pytest.mark.parametrize(
     "path", [*PAGES, ROOT / "benchmarks" / "README.md"], ids=lambda p: str(p.relative_to(ROOT))
 )
