@@ -45,8 +45,8 @@ from jaxshare.internal import Perm, compose, inverse, permute_shape, render, spl
 from jaxshare.stream import Plan, PlanEntry, TensorSource
 
 if TYPE_CHECKING:
+    from bridge._open import Source
     from bridge._target import TargetTree
-    from bridge._to_flax import Source
 
 __all__ = [
     "FlaxPlan",

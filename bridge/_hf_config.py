@@ -171,7 +171,8 @@ def config_ties(
 
         found = meta_model_ties(config, rules)
         if found is not None:
-            return found
+            ties, layers, names, model = found
+            return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
     return _table_ties(config, stored)
 
 

@@ -17,15 +17,14 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator, Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from bridge._hf_config import ConfigTies
 from bridge._rules import Rules, layer_kind
+from bridge._shared import shared_params
 
-__all__ = ["meta_model_ties"]
+__all__ = ["MetaModel", "meta_model_ties"]
 
 
 @contextlib.contextmanager
@@ -42,9 +41,13 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | None:
-    """The ties and layers of the model class of ``config``, built on the meta
-    device; ``None`` when transformers cannot build it."""
+MetaModel = tuple[dict[str, str], dict[str, str | None], dict[str, tuple[int, ...]], Any]
+
+
+def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> MetaModel | None:
+    """What the model class of ``config``, built on the meta device, says: ``(ties,
+    {module: layer kind}, {name: shape} in state_dict() order, the model)``; ``None``
+    when transformers cannot build it."""
     try:
         import transformers  # (Configures its logger: quieted only after the import.)
     except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
@@ -70,14 +73,11 @@ def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> ConfigTies | Non
     if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
         ties = _v4_ties(model)
     names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
-    # A parameter reached by several names (a module registered twice) is a tie too.
-    first: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        canonical = first.setdefault(id(param), name)
-        if canonical != name and name not in ties:
-            ties[name] = canonical
+    # A tensor reached by several names (a module registered twice) is a tie too.
+    for alias, canonical in shared_params(model).items():
+        ties.setdefault(alias, canonical)
     layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
-    return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
+    return ties, layers, names, model
 
 
 def _v4_ties(model: Any) -> dict[str, str]:

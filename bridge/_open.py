@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge._rules import Rules, as_rules
 from jaxshare.formats import (
@@ -38,7 +38,13 @@ from jaxshare.formats import (
 from jaxshare.internal import UsageError, check_not_a_shard, is_hf_directory
 from jaxshare.stream import TensorSource
 
-__all__ = ["EXPECTED", "is_deepspeed_folder", "open_source", "opened"]
+__all__ = ["EXPECTED", "Source", "is_deepspeed_folder", "open_source", "opened"]
+
+if TYPE_CHECKING:
+    import torch
+
+    #: What :func:`open_source` takes (for the type checker; torch types stay behind it).
+    Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
 
 #: What a path may be, for the one error that lists it.
 EXPECTED = (

@@ -15,7 +15,6 @@ memory is moved through torch, sharing its memory where it can.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -41,9 +40,7 @@ from jaxshare.internal import (
 from jaxshare.stream import ProgressFn, TensorSource
 
 if TYPE_CHECKING:
-    import torch
-
-    Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
+    from bridge._open import Source
 
 __all__ = ["flax_alias_map", "flax_conversion", "to_flax"]
 

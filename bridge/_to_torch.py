@@ -23,7 +23,7 @@ from jaxshare.internal import Perm, compose, inverse, parallel_map
 from jaxshare.stream import ProgressFn
 
 if TYPE_CHECKING:
-    from bridge._to_flax import Source
+    from bridge._open import Source
 
 __all__ = ["to_torch", "torch_conversion"]
 

@@ -42,7 +42,7 @@ from jaxshare.internal import (
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 if TYPE_CHECKING:
-    from bridge._to_flax import Source
+    from bridge._open import Source
 
 __all__ = [
     "TorchPlan",

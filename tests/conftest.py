@@ -54,23 +54,32 @@ def load_script() -> Callable[[str], ModuleType]:
     return load
 
 
+#: The packages whose faces the API tests read.
+FACES = (
+    "jaxshare",
+    "jaxshare.stream",
+    "jaxshare.formats",
+    "jaxshare.checkpoint",
+    "jaxshare.internal",
+    "jaxshare.cli",
+    "bridge",
+)
+
+
 @pytest.fixture(scope="session")
 def api_surface() -> Callable[[str], dict]:
     """``api_surface("jaxshare.formats")``: what the package's face promises and gives,
-    read in a fresh interpreter (``tests/_support/api_surface.py``), so that nothing an
-    earlier test imported can fill the package in."""
-
-    def read(package: str) -> dict:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "_support" / "api_surface.py"), package],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    return read
+    read in a fresh interpreter (``tests/_support/api_surface.py``, every face of
+    :data:`FACES` at once), so that nothing an earlier test imported fills a package in."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_support" / "api_surface.py"), *FACES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    faces = json.loads(done.stdout)
+    return faces.__getitem__
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,11 @@
-"""What a package's face promises, read in a fresh interpreter: its ``__all__``, the
-names it imports for the type checker (``if TYPE_CHECKING:``, with their homes), and
-what each name is once imported. ``python api_surface.py PACKAGE`` prints it as JSON;
-the API tests compare what it finds (``tests/conftest.py``'s ``api_surface``)."""
+"""What packages' faces promise, read in a fresh interpreter: each one's ``__all__``, the
+names it imports for the type checker (``if TYPE_CHECKING:``, with their homes), what it
+holds right after import, and what each name is once used. ``python api_surface.py
+PACKAGE...`` prints ``{package: ...}`` as JSON; the API tests compare what it finds
+(``tests/conftest.py``'s ``api_surface``).
+
+Every face is imported (and read) before any name of any of them is used, so what one
+imports on first use cannot hide what another imports at import."""
 
 from __future__ import annotations
 
@@ -29,10 +33,21 @@ def _type_checking_names(module: types.ModuleType) -> dict[str, str]:
 FRAMEWORKS = ("torch", "jax", "orbax", "flax", "transformers")
 
 
-def surface(package: str) -> dict:
-    module = importlib.import_module(package)
-    at_import = sorted(n for n in vars(module) if not n.startswith("_"))
+def surfaces(packages: list[str]) -> dict[str, dict]:
+    """Each package's face; ``packages`` are imported in order, each read at once (a
+    later import may bind a subpackage, or use a name, on an earlier one)."""
+    modules, at_import = {}, {}
+    for package in packages:
+        modules[package] = module = importlib.import_module(package)
+        at_import[package] = sorted(n for n in vars(module) if not n.startswith("_"))
     frameworks = sorted(f for f in FRAMEWORKS if f in sys.modules)
+    return {
+        package: _surface(module, at_import[package], frameworks)
+        for package, module in modules.items()
+    }
+
+
+def _surface(module: types.ModuleType, at_import: list[str], frameworks: list[str]) -> dict:
     checked = _type_checking_names(module)
     problems = []
     for name in module.__all__:
@@ -56,11 +71,16 @@ def surface(package: str) -> dict:
         "all": list(module.__all__),
         "type_checking": sorted(checked),
         "at_import": at_import,
-        "after": sorted(n for n in vars(module) if not n.startswith("_")),
+        # (A subpackage imported by name binds itself here, `__all__` or not.)
+        "after": sorted(
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and (n in module.__all__ or not inspect.ismodule(v))
+        ),
         "problems": problems,
         "frameworks_at_import": frameworks,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(surface(sys.argv[1])))
+    print(json.dumps(surfaces(sys.argv[1:])))
