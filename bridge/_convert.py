@@ -138,6 +138,8 @@ def convert(
             "--names chooses the naming of a .safetensors output only: 'flax' or 'torch', "
             f"got {names!r} for a {fmt} output."
         )
+    if fmt == "torch":  # A pickle of torch tensors: torch, before anything is read.
+        from bridge._torchfile import save_torch
     inputs = [src] if isinstance(src, (str, os.PathLike)) else []
     with opened(src, rules, arg="src") as source:
         inputs += [source.path] if source.path is not None else []
@@ -172,8 +174,6 @@ def convert(
         elif fmt == "safetensors":
             save_plan(dst, plan, source, force=force, inputs=inputs, progress=progress)
         else:
-            from bridge._torchfile import save_torch  # (torch: a pickle of torch tensors)
-
             save_torch(plan, source, dst, force=force, inputs=inputs, progress=progress)
     return dst
 

@@ -88,17 +88,15 @@ def _outputs(
     """The entries to write: the plan's, plus each alias the config does not tie
     (transformers reads no alias map) read from its canonical's source, in the
     model's ``state_dict()`` order where it is known."""
-    declared = AliasMap(tied_by_config)
+    declared = AliasMap(tied_by_config)  # (Chains collapsed: each name to its group's root.)
+    tied = {*declared, *declared.values()}
     by_name = {e.name: e for e in plan.entries}
     amap = plan.alias_map
     entries = list(plan.entries)
     for alias, canonical in amap.items():
         perm = amap.transform(alias)
-        if (
-            perm is None
-            and alias in declared
-            and declared[alias] == declared.get(canonical, canonical)
-        ):
+        same_group = declared.get(alias, alias) == declared.get(canonical, canonical)
+        if perm is None and alias in tied and same_group:
             continue  # Left out, as save_pretrained leaves it out.
         c = by_name[canonical]
         entries.append(PlanEntry(alias, c.source, compose(perm, c.perm), c.info.permuted(perm)))

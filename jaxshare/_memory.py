@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxshare._perm import Perm
+from jaxshare._perm import Perm, compose
 
 __all__ = ["Extent", "MemoryTies", "array_key", "memory_ties", "numpy_extent"]
 
@@ -160,12 +160,21 @@ def memory_ties(keys: Mapping[str, Hashable | None], /, *, views: bool = False) 
     extents = {n: k for n, k in keys.items() if n not in aliases and isinstance(k, Extent)}
     for name, partners in _overlapping(extents, order).items():
         kept = [p for p in partners if p not in aliases]
-        base = next((p for p in kept if extents[name].permutation_of(extents[p])), None)
-        if base is not None:
-            aliases[name] = base
-            transforms[name] = extents[name].permutation_of(extents[base])  # type: ignore[assignment]
+        for base in kept:
+            perm = extents[name].permutation_of(extents[base])
+            if perm is not None:
+                aliases[name], transforms[name] = base, perm
+                break
         else:
             overlaps += [(name, p) for p in kept]
+    # A name the first pass tied to one that turned out a view: to that view's base.
+    for alias, canonical in aliases.items():
+        if canonical in aliases:
+            perm = compose(transforms.get(alias), transforms.get(canonical))
+            aliases[alias] = aliases[canonical]
+            transforms.pop(alias, None)
+            if perm is not None:
+                transforms[alias] = perm
     aliases = dict(sorted(aliases.items(), key=lambda item: order[item[0]]))
     return MemoryTies(aliases, transforms, overlaps)
 
