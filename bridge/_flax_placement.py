@@ -300,7 +300,7 @@ def plan_flax(
                 continue
             alias_keys.add(key)
             if key not in slots:  # No place: the tie stays in the alias map.
-                slots[key] = _alias_slot(by_key[key], canonical, rules)
+                slots[key] = _alias_slot(by_key[key], canonical, by_key[placed[0]].name, rules)
             slot = slots[key]
             amap[slot.name] = canonical.name
             transforms[slot.name] = compose(_root_perm(slot, key, aliases), from_root)
@@ -333,14 +333,19 @@ def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
     return compose(slot.perm, aliases.transform(key) if key in aliases else None)
 
 
-def _alias_slot(leaf: TorchLeaf, canonical: Slot, rules: Rules) -> Slot:
+def _alias_slot(leaf: TorchLeaf, canonical: Slot, canonical_leaf: str, rules: Rules) -> Slot:
     """The place of an alias that nothing else places: the rules' name for its layer
-    when the layer is known (or its module name tells it: ``lm_head``); otherwise its
-    canonical's leaf name and layout."""
+    when the layer is known (or its module name tells it: ``lm_head``); else, when it
+    has its canonical's leaf name (``decoder.weight`` tied to ``encoder.weight``), the
+    canonical's Flax leaf name and layout at its own module path; else (a parameter
+    registered twice, even in one module: ``self.b = self.a``, ``lin.weight2 =
+    lin.weight``) a Flax name of its own."""
+    own = {"collection": canonical.collection, "linen": canonical.linen}
     kind = leaf.layer or guess_kind(".".join(leaf.module), rules)
     if kind is not None:
-        typed = dataclasses.replace(leaf, layer=kind)
-        return default_slot(typed, rules, collection=canonical.collection, linen=canonical.linen)
+        return default_slot(dataclasses.replace(leaf, layer=kind), rules, **own)
+    if leaf.name != canonical_leaf:
+        return default_slot(leaf, rules, **own)
     module = module_variants(leaf.module, canonical.linen)[0]
     prefix = canonical.path[:1] if canonical.collection else ()
     parts = prefix + module + canonical.path[-1:]

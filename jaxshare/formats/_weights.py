@@ -1,8 +1,9 @@
 """A weights file opened by its kind: the one dispatch from a file to its reader.
 
 ``.safetensors`` files are read by :class:`~jaxshare.formats.SafetensorsFile`,
-``.pt``/``.bin``/``.pth`` files by :class:`~jaxshare.formats.TorchFile`; both
-map the file and hand out numpy views, with numpy only. A Hugging Face
+``.pt``/``.bin``/``.pth`` files by :class:`~jaxshare.formats.TorchFile`, Flax
+``.msgpack`` files by :class:`~jaxshare.formats.MsgpackFile`; each maps the file
+and hands out numpy views, with numpy only. A Hugging Face
 directory opens each of its shards this way; ``bridge.open_source`` opens a
 single file this way, once it has refused a file that is one shard of several.
 """
@@ -13,13 +14,14 @@ import os
 from pathlib import Path
 
 from jaxshare._source import TensorSource
+from jaxshare.formats._msgpack import MsgpackFile
 from jaxshare.formats._pytorch import TORCH_SUFFIXES, TorchFile
 from jaxshare.formats._safetensors import SafetensorsFile
 
 __all__ = ["WEIGHT_SUFFIXES", "open_weights_file"]
 
 #: Suffixes of every weights file jaxshare reads.
-WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
+WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES, ".msgpack")
 
 
 def open_weights_file(path: str | os.PathLike, /) -> TensorSource:
@@ -43,4 +45,6 @@ def open_weights_file(path: str | os.PathLike, /) -> TensorSource:
         return SafetensorsFile(path)
     if path.suffix in TORCH_SUFFIXES:
         return TorchFile(path)
+    if path.suffix == ".msgpack":
+        return MsgpackFile(path)
     raise ValueError(f"{path}: not a weights file: expected one of {', '.join(WEIGHT_SUFFIXES)}.")

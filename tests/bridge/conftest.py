@@ -67,9 +67,16 @@ def _tied_state_dicts(draw: st.DrawFn) -> dict[str, torch.Tensor]:
             if dtype != torch.bool
             else (raw % 2).bool().reshape(shape)
         )
-        state[f"m{i}.{draw(st.sampled_from(LEAVES))}"] = tensor
+        leaf = draw(st.sampled_from(LEAVES))
+        state[f"m{i}.{leaf}"] = tensor
         for j in range(draw(st.integers(0, 2))):
-            alias = f"t{i}_{j}.{draw(st.sampled_from(LEAVES))}"
+            # Another module, or the same module under another name (`self.b = self.a`).
+            place = draw(st.sampled_from(["other module", "same module", "root"]))
+            alias = {
+                "other module": f"t{i}_{j}.{draw(st.sampled_from(LEAVES))}",
+                "same module": f"m{i}.{leaf}{j + 2}",
+                "root": f"{leaf}_{i}_{j}",
+            }[place]
             state[alias] = tensor if draw(st.booleans()) else tensor.view(shape)
     return state
 
@@ -77,6 +84,8 @@ def _tied_state_dicts(draw: st.DrawFn) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="session")
 def tied_state_dicts() -> st.SearchStrategy[dict[str, torch.Tensor]]:
     """A strategy: 1-5 tensors of any bits, several dtypes and ranks (zero-size
-    included), some under more names: the very tensor or another view of its memory.
+    included), some under more names -- in another module, in the same module
+    (``lin.weight2 = lin.weight``) or at the root -- the very tensor or another view
+    of its memory.
     Draw from it with ``hypothesis.strategies.data()``."""
     return _tied_state_dicts()
