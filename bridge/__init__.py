@@ -24,6 +24,9 @@ if _typing.TYPE_CHECKING:
     from bridge._hf_dir import HFDirectory as HFDirectory
     from bridge._hf_save import save_hf as save_hf
     from bridge._inspect import inspect as inspect
+    from bridge._layouts import LAYOUTS as LAYOUTS
+    from bridge._layouts import Layout as Layout
+    from bridge._layouts import detect_layout as detect_layout
     from bridge._open import open_source as open_source
     from bridge._outputs import FORMATS as FORMATS
     from bridge._outputs import NAMES as NAMES
@@ -53,6 +56,7 @@ __getattr__, __dir__, __all__ = _exports(
         "bridge._hf_dir": ["HFDirectory"],
         "bridge._hf_save": ["save_hf"],
         "bridge._inspect": ["inspect"],
+        "bridge._layouts": ["LAYOUTS", "Layout", "detect_layout"],
         "bridge._open": ["open_source"],
         "bridge._outputs": ["FORMATS", "NAMES"],
         "bridge._rules": [

@@ -27,9 +27,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridge._flax_placement import place_source
+from bridge._layouts import Layout, as_layout
 from bridge._open import opened
 from bridge._outputs import FORMATS, NAMES, Format
+from bridge._relayout import place_any
 from bridge._rules import Rules, as_rules
 from bridge._torch_naming import torch_plan
 from jaxshare.formats import TORCH_SUFFIXES, save_plan
@@ -82,6 +83,7 @@ def convert(
     force: bool = False,
     progress: ProgressFn | None = None,
     rules: Rules | None = None,
+    layout: str | Layout | None = None,
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -104,6 +106,10 @@ def convert(
       force: replace ``dst`` if it is an output of the same kind.
       progress: ``progress(done, total, name, nbytes)`` after each tensor.
       rules: naming rules, for conversions between PyTorch and Flax names.
+      layout: the Flax layout of a conversion between PyTorch and Flax names:
+        ``"jaxshare"`` or ``"transformers-flax"`` (see :data:`bridge.LAYOUTS`);
+        default: what the Flax side's paths and ``config.json`` show
+        (:func:`bridge.detect_layout`), else jaxshare's.
 
     Returns:
       ``dst`` as a ``Path``.
@@ -138,6 +144,10 @@ def convert(
             "--names chooses the naming of a .safetensors output only: 'flax' or 'torch', "
             f"got {names!r} for a {fmt} output."
         )
+    try:  # A bad `layout` fails before anything is read.
+        layout = None if layout is None else as_layout(layout)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if fmt == "torch":  # A pickle of torch tensors: torch, before anything is read.
         from bridge._torchfile import save_torch
     inputs = [src] if isinstance(src, (str, os.PathLike)) else []
@@ -157,8 +167,14 @@ def convert(
                 inputs=inputs,
                 progress=progress,
                 rules=rules,
+                layout=layout,
             )
-        if fmt == "safetensors" and source.kind == "orbax" and names in (None, "flax"):
+        if (
+            fmt == "safetensors"
+            and source.kind == "orbax"
+            and names in (None, "flax")
+            and layout is None
+        ):
             from jaxshare import checkpoint
 
             # Every alias written out too, for readers that know no ties.
@@ -166,32 +182,49 @@ def convert(
                 source.where, dst, dtype=dtype, force=force, progress=progress
             )
             return dst
-        plan = _plan(source, fmt, names, rules).cast(dtype)
+        plan, reads = _plan(source, fmt, names, rules, layout)
+        plan = plan.cast(dtype)
         if fmt == "orbax":
             from jaxshare import checkpoint
 
-            checkpoint.write_item(dst, plan, source, force=force, inputs=inputs, progress=progress)
+            checkpoint.write_item(dst, plan, reads, force=force, inputs=inputs, progress=progress)
         elif fmt == "safetensors":
-            save_plan(dst, plan, source, force=force, inputs=inputs, progress=progress)
+            save_plan(dst, plan, reads, force=force, inputs=inputs, progress=progress)
         else:
-            save_torch(plan, source, dst, force=force, inputs=inputs, progress=progress)
+            save_torch(plan, reads, dst, force=force, inputs=inputs, progress=progress)
     return dst
 
 
-def _plan(source: TensorSource, fmt: Format, names: str | None, rules: Rules) -> Plan:
-    """The plan of an Orbax, safetensors or PyTorch-file output: Flax names for an
-    item (and for ``names="flax"``), PyTorch names for a PyTorch file (and for
-    ``names="torch"``), the input's own naming for a ``.safetensors`` file."""
+def _plan(
+    source: TensorSource,
+    fmt: Format,
+    names: str | None,
+    rules: Rules,
+    layout: Layout | None,
+) -> tuple[Plan, TensorSource]:
+    """The plan of an Orbax, safetensors or PyTorch-file output, and the source it
+    reads: Flax names for an item (and for ``names="flax"``) -- in ``layout`` when
+    given, a Flax-named input placed anew through its PyTorch names --, PyTorch
+    names for a PyTorch file (and for ``names="torch"``), the input's own naming for
+    a ``.safetensors`` file."""
     flax = source.flax_named
     if fmt == "safetensors":
         want_flax = (names or ("flax" if flax else "torch")) == "flax"
     else:
         want_flax = fmt == "orbax"
-    if want_flax == flax:
-        return Plan.identity(source)
     if want_flax:
-        return place_source(source, rules=rules).plan(source)
-    return torch_plan(source, rules=rules)
+        if flax and layout is None:
+            return Plan.identity(source), source
+        placement, placed = place_any(source, like=None, rules=rules, layout=layout)
+        return placement.plan(placed), placed
+    if layout is not None and not flax:
+        raise UsageError(
+            f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "
+            "output keeps the input's PyTorch names."
+        )
+    if not flax:
+        return Plan.identity(source), source
+    return torch_plan(source, rules=rules, layout=layout), source
 
 
 def _config_of(source: TensorSource, dst: Path) -> Any:

@@ -26,10 +26,14 @@ Nothing here imports torch or, without a target tree, JAX.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from bridge._layouts import Family, Layout, as_layout, layout_rules
 from bridge._rules import (
     Rules,
     RulesArg,
@@ -84,28 +88,36 @@ class Slot:
         return render(self.path)
 
 
-def _slot(leaf: TorchLeaf, target: Target, module: FlaxPath, collection: bool) -> Slot:
+def _slot(
+    leaf: TorchLeaf, target: Target, module: FlaxPath, collection: bool, rules: Rules
+) -> Slot:
     parts = ((target.collection,) if collection else ()) + module + (target.name,)
-    return Slot(parts, target.perm, collection, module != leaf.module)
+    plain = module_variants(leaf.module, False, rules.modules)[0]  # (linen: list items joined)
+    return Slot(parts, target.perm, collection, module != plain)
 
 
 def _spellings(leaf: TorchLeaf, target: Target, rules: Rules) -> list[Slot]:
     """Every spelling of ``target``'s path: list namings, with and without collection."""
-    modules = module_variants(leaf.module, rules.linen_lists)
-    return [_slot(leaf, target, module, c) for module in modules for c in (True, False)]
+    modules = module_variants(leaf.module, rules.linen_lists, rules.modules)
+    return [_slot(leaf, target, module, c, rules) for module in modules for c in (True, False)]
 
 
 def default_slot(
-    leaf: TorchLeaf, rules: Rules, *, collection: bool = True, linen: bool | None = None
+    leaf: TorchLeaf, rules: Rules, *, collection: bool | None = None, linen: bool | None = None
 ) -> Slot:
     """The place of ``leaf`` when no tree decides: its first candidate, spelled
-    with or without the collection and with linen's list naming or not.
+    with or without the collection (default: as the rules say) and with linen's
+    list naming or not.
 
     >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules()).name
     'params/h/0/fc/kernel'
+    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules(collections=False)).name
+    'h/0/fc/kernel'
     """
-    module = module_variants(leaf.module, rules.linen_lists if linen is None else linen)[0]
-    return _slot(leaf, candidates(leaf, rules)[0], module, collection)
+    linen = rules.linen_lists if linen is None else linen
+    module = module_variants(leaf.module, linen, rules.modules)[0]
+    collection = rules.collections if collection is None else collection
+    return _slot(leaf, candidates(leaf, rules)[0], module, collection, rules)
 
 
 def place(
@@ -204,21 +216,30 @@ class FlaxPlan:
       alias_map: the ties in Flax paths, with their transforms and the naming
         record of every slot.
       target: the target tree the tensors were placed in (``like=``), if any.
+      copies: ``{name: (stored name, PyTorch -> Flax permutation)}`` of the tied
+        names the Flax tree holds as leaves of their own (``Rules.tied_leaves``):
+        stored, read from the tensor they are tied to.
     """
 
     slots: dict[str, Slot]
     stored: list[str]
     alias_map: AliasMap
     target: TargetTree | None = None
+    copies: dict[str, tuple[str, Perm | None]] = dataclasses.field(default_factory=dict)
+
+    def source_of(self, key: str) -> tuple[str, Perm | None]:
+        """The stored tensor a stored name is read from, and the permutation from its
+        layout to the name's Flax leaf."""
+        return self.copies.get(key, (key, self.slots[key].perm))
 
     def plan(self, source: TensorSource) -> Plan:
         """The streaming plan: each stored tensor of ``source`` written at its Flax
         path, in its Flax layout; the plan's alias map carries the naming record."""
         entries = []
         for key in self.stored:
-            slot = self.slots[key]
-            info = source.infos[key]
-            entries.append(PlanEntry(slot.name, key, slot.perm, info.permuted(slot.perm)))
+            base, perm = self.source_of(key)
+            info = source.infos[base].permuted(perm)
+            entries.append(PlanEntry(self.slots[key].name, base, perm, info))
         return Plan(tuple(entries), self.alias_map)
 
 
@@ -227,19 +248,61 @@ def place_source(
     /,
     *,
     like: Any = None,
-    rules: Rules,
+    rules: RulesArg = None,
     ties: AliasMap | None = None,
+    layout: str | Layout | None = None,
 ) -> FlaxPlan:
     """Places every tensor of an opened ``source`` in Flax paths (in ``like``, a
-    target tree, when given), with ``ties`` (default: the source's own)."""
+    target tree, when given), with ``ties`` (default: the source's own), by the
+    rules of ``layout`` for the source's model (its ``config``) or by ``rules``."""
+    config = getattr(source, "config", None)
+    rules = layout_rules(layout, rules, config)
     target = None
     if like is not None:
         from bridge._target import target_tree  # (JAX: `like` is a Flax tree.)
 
         target = target_tree(like)
     ties = source.ties if ties is None else ties
+    family = None if layout is None else as_layout(layout).family(config)
+    left_out = set() if family is None else _left_out(source, family, config)
+    if left_out:
+        kept = {a: c for a, c in ties.items() if a not in left_out and c not in left_out}
+        transforms = {a: p for a, p in ties.transforms.items() if a in kept}
+        ties = AliasMap(kept, transforms=transforms, naming=ties.naming)
     leaves = torch_leaves(source, rules, ties, guess=target is None)
+    leaves = [leaf for leaf in leaves if leaf.key not in left_out]
     return plan_flax(leaves, ties, target, rules, ties.naming)
+
+
+def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | None) -> set[str]:
+    """The tensors of ``source`` that ``family``'s Flax port has no leaf for: those it
+    computes (each checked against what it computes: a stored table that differs is
+    one warning line, as its values are lost), and those of modules its Flax class
+    lacks (one warning line naming them)."""
+    computed, absent = set(), []
+    for name, info in source.infos.items():
+        compute = family.computed_by(name)
+        if compute is not None:
+            computed.add(name)
+            want, got = compute(info.shape), source.array(name)
+            if not np.array_equal(want.astype(got.dtype), got):
+                delta = np.max(np.abs(want.astype(np.float64) - got.astype(np.float64)))
+                warnings.warn(
+                    f"{source.where}: {name!r} is left out, as the Flax model computes it, "
+                    f"but the stored values differ from what it computes (max |Δ| = "
+                    f"{delta:.3g}); they are lost.",
+                    stacklevel=4,
+                )
+        elif family.absent_from(name, config):
+            absent.append(name)
+    if absent:
+        arch = ((config or {}).get("architectures") or ["?"])[0]
+        warnings.warn(
+            f"{source.where}: {', '.join(map(repr, absent))} are left out: the Flax port of "
+            f"{arch} has no such module (the PyTorch class holds it unused).",
+            stacklevel=4,
+        )
+    return computed | set(absent)
 
 
 def plan_flax(
@@ -281,6 +344,7 @@ def plan_flax(
     amap: dict[str, str] = {}
     transforms: dict[str, Perm | None] = {}
     alias_keys: set[str] = set()
+    copies: dict[str, tuple[str, Perm | None]] = {}
     for members in groups.values():
         members.sort(key=order.__getitem__)
         # The canonical is the first name placed at a leaf the result holds (not at a
@@ -298,10 +362,14 @@ def plan_flax(
         for key in members:
             if key == placed[0]:
                 continue
-            alias_keys.add(key)
             if key not in slots:  # No place: the tie stays in the alias map.
                 slots[key] = _alias_slot(by_key[key], canonical, by_key[placed[0]].name, rules)
             slot = slots[key]
+            if key in rules.tied_leaves and key in aliases and like is None:
+                # A leaf of its own all the same: written out from the tensor it is tied to.
+                copies[key] = (aliases[key], _root_perm(slot, key, aliases))
+                continue
+            alias_keys.add(key)
             amap[slot.name] = canonical.name
             transforms[slot.name] = compose(_root_perm(slot, key, aliases), from_root)
     taken: dict[FlaxPath, str] = {}
@@ -325,7 +393,8 @@ def plan_flax(
     record = NamingRecord(
         {slots[leaf.key].name: (leaf.key, slots[leaf.key].perm) for leaf in leaves}
     )
-    return FlaxPlan(slots, stored, AliasMap(amap, transforms=transforms, naming=record), like)
+    alias_map = AliasMap(amap, transforms=transforms, naming=record)
+    return FlaxPlan(slots, stored, alias_map, like, copies)
 
 
 def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
@@ -346,7 +415,7 @@ def _alias_slot(leaf: TorchLeaf, canonical: Slot, canonical_leaf: str, rules: Ru
         return default_slot(dataclasses.replace(leaf, layer=kind), rules, **own)
     if leaf.name != canonical_leaf:
         return default_slot(leaf, rules, **own)
-    module = module_variants(leaf.module, canonical.linen)[0]
+    module = module_variants(leaf.module, canonical.linen, rules.modules)[0]
     prefix = canonical.path[:1] if canonical.collection else ()
     parts = prefix + module + canonical.path[-1:]
     return Slot(parts, canonical.perm, canonical.collection, canonical.linen)
@@ -362,11 +431,19 @@ def _recorded_slots(naming: NamingRecord | None, leaves: list[TorchLeaf]) -> dic
     return {leaf.key: Slot(split(by_torch[leaf.key][0]), by_torch[leaf.key][1]) for leaf in leaves}
 
 
-def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) -> Plan:
+def flax_plan(
+    source: Source,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+) -> Plan:
     """Where each tensor of a PyTorch-named source goes in Flax: its path, layout
     and ties, as :func:`bridge.to_flax` would place it, without reading a tensor.
 
-    The plan's alias map (Flax paths) carries the naming record.
+    The plan's alias map (Flax paths) carries the naming record; ``layout``
+    (``"jaxshare"``, ``"transformers-flax"``) as in :func:`bridge.to_flax`.
 
     >>> import torch
     >>> sd = {"wte.weight": torch.zeros(10, 4), "lm_head.weight": torch.zeros(4, 4)}
@@ -379,4 +456,4 @@ def flax_plan(source: Source, /, *, like: Any = None, rules: RulesArg = None) ->
 
     rules = as_rules(rules)
     with opened(source, rules) as src:
-        return place_source(src, like=like, rules=rules).plan(src)
+        return place_source(src, like=like, rules=rules, layout=layout).plan(src)

@@ -18,7 +18,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -98,6 +98,10 @@ class ConfigTies:
       unnamed: ties the config declares that could not be named, one line each.
       model: the model class built on the meta device (no memory), to name Flax
         leaves after (``like=``); ``None`` without ``transformers``.
+      load_name: the name in :attr:`names` that transformers loads a file's
+        tensor name as (transformers 5 renames the names of older checkpoints:
+        ViT's ``encoder.layer.0.attention.attention.key`` is its ``layers.0.
+        attention.k_proj``); the name itself where nothing renames it.
     """
 
     ties: Mapping[str, str]
@@ -106,6 +110,7 @@ class ConfigTies:
     exact: bool = False
     unnamed: tuple[str, ...] = ()
     model: Any = field(default=None, repr=False, compare=False)
+    load_name: Callable[[str], str] = field(default=str, repr=False, compare=False)
 
 
 def config_dict(config: Any) -> dict:
@@ -171,8 +176,9 @@ def config_ties(
 
         found = meta_model_ties(config, rules)
         if found is not None:
-            ties, layers, names, model = found
-            return ConfigTies(ties, layers, MappingProxyType(names), exact=True, model=model)
+            ties, layers, names, model, load_name = found
+            names = MappingProxyType(names)
+            return ConfigTies(ties, layers, names, exact=True, model=model, load_name=load_name)
     return _table_ties(config, stored)
 
 

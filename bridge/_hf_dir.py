@@ -2,7 +2,10 @@
 
 :class:`HFDirectory` reads what ``save_pretrained`` writes -- ``config.json`` with
 ``model.safetensors``, or shards listed in ``model.safetensors.index.json``, or
-the ``pytorch_model.bin`` flavour of either -- as a :class:`jaxshare.stream.TensorSource`.
+the ``pytorch_model.bin`` flavour of either, or a Flax model's
+``flax_model.msgpack`` (and its shards), whose names are the Flax model's own
+``params`` paths (the transformers-flax layout) -- as a
+:class:`jaxshare.stream.TensorSource`.
 Its ties come from three places, each recorded as the tie's origin:
 
 - ``"metadata"``: the alias map jaxshare writes into each shard's metadata;
@@ -52,6 +55,9 @@ class HFDirectory(TensorSource):
 
     Attributes:
       config: ``config.json`` as a dict (``None`` when the directory has none).
+      assets: the files that travel with the weights (``config.json``, the
+        tokenizer's, ...: ``jaxshare.formats.MODEL_ASSETS``), by name.
+      other_files: the rest beside the weights: listed, never read or run.
       layout: which files hold the weights (:class:`jaxshare.formats.HFLayout`).
       exact: whether the model class named the config's ties (``False``: the
         table did, or there is no config).
@@ -80,6 +86,8 @@ class HFDirectory(TensorSource):
         rules = as_rules(rules)
         self.layout = layout = hf_layout(path)
         self.path = layout.directory
+        files = layout.model_files()
+        self.assets, self.other_files = files.assets, files.other
         self.config: dict | None = None
         if layout.config is not None:
             self.config = config_dict(layout.config)
@@ -125,7 +133,9 @@ class HFDirectory(TensorSource):
                 naming = shard.ties.naming
         self.exact = False
         found = ConfigTies({})
-        if self.config is not None:
+        # (A Flax msgpack's names are Flax paths; the config's ties, in PyTorch names,
+        # come back where they are written in PyTorch names: bridge.save_hf.)
+        if self.config is not None and layout.flavour != "msgpack":
             found = config_ties(self.config, infos, rules, use_transformers=use_transformers)
             self.exact = found.exact
             self._config_ties(found, infos, ties, origins)
@@ -143,7 +153,10 @@ class HFDirectory(TensorSource):
         if self.config is not None:
             arch = (self.config.get("architectures") or ["?"])[0]
             by = "the model class on the meta device" if self.exact else "jaxshare's table"
-            parts.append(f"{CONFIG_FILE}: {arch}, ties named by {by}")
+            if layout.flavour == "msgpack":
+                parts.append(f"{CONFIG_FILE}: {arch}, its Flax model's own params")
+            else:
+                parts.append(f"{CONFIG_FILE}: {arch}, ties named by {by}")
         self.parts = tuple(parts)
 
     def _config_ties(

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from bridge._rules import Rules, layer_kind
 from bridge._shared import shared_params
+from jaxshare import AliasMap
 
 __all__ = ["MetaModel", "meta_model_ties"]
 
@@ -41,13 +42,16 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-MetaModel = tuple[dict[str, str], dict[str, str | None], dict[str, tuple[int, ...]], Any]
+MetaModel = tuple[
+    dict[str, str], dict[str, str | None], dict[str, tuple[int, ...]], Any, Callable[[str], str]
+]
 
 
 def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> MetaModel | None:
     """What the model class of ``config``, built on the meta device, says: ``(ties,
-    {module: layer kind}, {name: shape} in state_dict() order, the model)``; ``None``
-    when transformers cannot build it."""
+    {module: layer kind}, {name: shape} of what ``save_pretrained`` writes, in
+    state_dict() order, the model, the name a file's tensor name loads as)``;
+    ``None`` when transformers cannot build it."""
     try:
         import transformers  # (Configures its logger: quieted only after the import.)
     except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
@@ -72,12 +76,42 @@ def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> MetaModel | None
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
     if not ties and not hasattr(model, "all_tied_weights_keys"):  # transformers 4
         ties = _v4_ties(model)
-    names = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
-    # A tensor reached by several names (a module registered twice) is a tie too.
+    # What save_pretrained writes: the state dict but the keys it ignores on save
+    # (Marian's sinusoidal positions, which it computes on load).
+    unsaved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    names = {
+        k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items() if k not in unsaved
+    }
+    # A tensor reached by several names (a module registered twice) is a tie too, unless
+    # the model's own ties say so already (maybe the other way round: XLM-R registers its
+    # head before the embedding it is tied to).
+    declared = AliasMap(ties)
     for alias, canonical in shared_params(model).items():
-        ties.setdefault(alias, canonical)
+        if declared.get(alias, alias) != declared.get(canonical, canonical):
+            ties.setdefault(alias, canonical)
     layers = {p: layer_kind(m, rules) for p, m in model.named_modules(remove_duplicate=False)}
-    return ties, layers, names, model
+    return ties, layers, names, model, _load_name(model)
+
+
+def _load_name(model: Any) -> Callable[[str], str]:
+    """The name transformers 5 loads a file's tensor name as: its conversion mapping
+    renames the names of older checkpoints (none in transformers 4: the name itself)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        transforms = get_model_conversion_mapping(model)
+    except Exception:  # noqa: BLE001 -- transformers 4, or a mapping it cannot make
+        return str
+
+    def load_name(name: str) -> str:
+        for transform in transforms:
+            try:
+                name = transform.rename_source_key(name)[0]
+            except Exception:  # noqa: BLE001 -- a transform of another shape: no rename
+                continue
+        return name
+
+    return load_name
 
 
 def _v4_ties(model: Any) -> dict[str, str]:

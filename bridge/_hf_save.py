@@ -10,10 +10,13 @@ under a temporary name and renamed into place only when complete.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from bridge._hf_config import ConfigTies, config_dict, config_ties
+from bridge._layouts import Family, Layout, detect_layout
 from bridge._open import open_source
 from bridge._rules import Rule, Rules, as_rules
 from bridge._torch_naming import torch_plan
-from jaxshare import AliasMap
+from jaxshare import AliasMap, NamingRecord
 from jaxshare.formats import (
     CONFIG_FILE,
     DEFAULT_MAX_SHARD_SIZE,
@@ -37,6 +41,7 @@ from jaxshare.formats import (
 )
 from jaxshare.internal import (
     HF_DIRECTORY,
+    PlannedSource,
     atomic_output,
     compose,
     float_dtype,
@@ -49,15 +54,16 @@ from jaxshare.stream import Plan, PlanEntry, ProgressFn, TensorSource
 
 __all__ = ["save_hf"]
 
-_GENERATION_CONFIG = "generation_config.json"
 
-
-def _source_of(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource:
+def _source_of(
+    what: Any, rules: Rules, like: Callable[[], Any], layout: Callable[[Any], Layout | None]
+) -> TensorSource:
     """A source of whatever ``save_hf`` was given: :func:`bridge.open_source` of a
     path, a source, a module or a state dict; a Flax tree is named in PyTorch by
-    :func:`bridge.to_torch` (its naming record, else ``like()``, the config's meta
-    model) and read as that state dict."""
-    from jaxshare import Tied
+    :func:`bridge.to_torch` -- by its naming record, else by ``layout(tree)`` when it
+    is the transformers-flax layout, else after ``like()``, the config's meta model
+    -- and read as that state dict."""
+    from jaxshare import Tied  # (JAX: a tree of arrays.)
 
     flax_tree = isinstance(what, Tied) or is_nnx_module(what)
     if isinstance(what, Mapping) and not isinstance(what, TensorSource):
@@ -68,7 +74,11 @@ def _source_of(what: Any, rules: Rules, like: Callable[[], Any]) -> TensorSource
     from bridge._to_torch import to_torch
 
     named = isinstance(what, Tied) and what.alias_map.naming is not None
-    state = to_torch(what, rules=rules, like=None if named else like())
+    chosen = None if named else layout(what)
+    if named or (chosen is not None and not chosen.collections):
+        state = to_torch(what, rules=rules if chosen is None else chosen.resolve(None, rules))
+    else:
+        state = to_torch(what, rules=rules, like=like())
     return StateDictSource(state, rules, arg="source_or_tree")
 
 
@@ -128,9 +138,9 @@ def _shards(entries: list[PlanEntry], limit: int) -> list[list[PlanEntry]]:
     return shards
 
 
-def _config_text(config: Any, cfg: dict, entries: list[PlanEntry]) -> bytes:
-    """``config.json`` as given (the file's own bytes where nothing changes), its
-    ``dtype`` set to the weights' floating dtype when they all share one."""
+def _config_text(file: Path | None, cfg: dict, entries: list[PlanEntry]) -> bytes:
+    """``config.json``: ``file``'s own bytes where nothing changes, its ``dtype`` set
+    to the weights' floating dtype when they all share one."""
     floats = {e.info.dtype for e in entries if is_floating(e.info.dtype)}
     changed = False
     if len(floats) == 1:
@@ -139,10 +149,20 @@ def _config_text(config: Any, cfg: dict, entries: list[PlanEntry]) -> bytes:
             if key in cfg and cfg[key] != dtype:
                 cfg[key] = dtype
                 changed = True
-    if isinstance(config, (str, os.PathLike)) and not changed:
-        path = Path(config)
-        return (path / CONFIG_FILE if path.is_dir() else path).read_bytes()
+    if file is not None and not changed:
+        return file.read_bytes()
     return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _config_file(config: Any, source: TensorSource) -> Path | None:
+    """The file ``config`` was read from: its path, or the source's ``config.json``
+    asset when it is the source's own config."""
+    if config is getattr(source, "config", None):
+        return source.assets.get(CONFIG_FILE)
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        return path / CONFIG_FILE if path.is_dir() else path
+    return None
 
 
 def save_hf(
@@ -158,20 +178,26 @@ def save_hf(
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
     rules: Rules | Sequence[Rule] | None = None,
+    layout: str | Layout | None = None,
     use_transformers: bool | None = None,
 ) -> Path:
     """Writes a Hugging Face model directory that transformers'
     ``from_pretrained`` loads with no missing or unexpected keys.
 
-    ``config.json`` (passed through), then the weights as ``model.safetensors``,
+    ``config.json`` (the file's own bytes where they need no change) and the
+    source's other assets (``generation_config.json``, the tokenizer's files: a
+    Hugging Face directory's, or those an item keeps), copied as they are; then
+    the weights as ``model.safetensors``,
     or shards ``model-0000k-of-0000N.safetensors`` of at most ``max_shard_size``
     each with ``model.safetensors.index.json`` (``metadata.total_size``,
     ``weight_map``). Each shard's metadata holds ``{"format": "pt"}`` and the
     ties (and naming record) whose canonical it stores, so jaxshare reads every
     tie back. A tie the config declares is left out of the files, as
     ``save_pretrained`` does (transformers ties it again on load); every other
-    alias is written out. Tensors are read, cast and transposed one at a time;
-    the directory appears only when complete.
+    alias is written out, and a stored tensor the config ties to another stored
+    one (a Flax head its tie makes unused) is left out, one warning line each.
+    Tensors are read, cast and transposed one at a time; the directory appears
+    only when complete.
 
     Args:
       directory: the output directory.
@@ -180,7 +206,8 @@ def save_hf(
         or state dict, Flax variables, a :class:`jaxshare.Tied` or an
         ``nnx.Module`` (Flax trees are named in PyTorch by :func:`bridge.to_torch`).
       config: ``config.json``: a path, a dict or a ``PretrainedConfig``; default:
-        the source's (a Hugging Face directory's own).
+        the source's (a Hugging Face directory's own, or the one an item keeps
+        among its assets).
       plan: the outputs (PyTorch names); default: the source's tensors as they
         are, or :func:`bridge.torch_plan` of a Flax-named source.
       dtype: cast floating tensors (e.g. ``"bfloat16"``); ``config.json``'s
@@ -192,6 +219,9 @@ def save_hf(
         nor the source's own path).
       progress: ``progress(done, total, name, nbytes)`` after each tensor.
       rules: naming rules for Flax trees and sources.
+      layout: the Flax layout of a Flax-named source without a naming record:
+        ``"jaxshare"`` or ``"transformers-flax"``; default: found from the tree (no
+        collection at the top: transformers-flax), see ``docs/flax-layouts.md``.
       use_transformers: as for :class:`HFDirectory`, for the config's ties.
 
     Returns:
@@ -217,7 +247,14 @@ def save_hf(
             )
         return meta(config).model
 
-    source = _source_of(source_or_tree, rules, like)
+    def tree_layout(tree: Any) -> Layout | None:
+        from jaxshare import Tied  # (JAX: a tree of arrays.)
+
+        top = tree.unique if isinstance(tree, Tied) else tree
+        paths = list(top) if isinstance(top, Mapping) else []
+        return detect_layout(layout, paths, None if config is None else config_dict(config))
+
+    source = opened = _source_of(source_or_tree, rules, like, tree_layout)
     try:
         if config is None:
             config = getattr(source, "config", None)
@@ -226,15 +263,10 @@ def save_hf(
                     f"{directory}: a Hugging Face directory needs a config.json; pass `config=` "
                     f"({source.where} has none)."
                 )
-        from_source = config is getattr(source, "config", None)
         cfg = config_dict(config)
         found = meta(cfg)
         if plan is None:
-            if source.flax_named:
-                named = source.ties.naming is not None
-                plan = torch_plan(source, rules=rules, like=None if named else found.model)
-            else:
-                plan = Plan.identity(source)
+            plan, source = _plan_of(source, cfg, found, rules, layout, directory)
         plan = plan.cast(dtype)
         flax_names = [e.name for e in plan.entries if "/" in e.name]
         if flax_names:
@@ -245,28 +277,174 @@ def save_hf(
         if not found.exact:  # The table decides by the names stored.
             stored = [e.name for e in plan.entries]
             found = config_ties(cfg, stored, rules, use_transformers=False)
+        plan = _without_tied_copies(plan, source, found.ties, cfg, Path(directory))
         entries = _outputs(plan, found.ties, found.names)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
-        text = _config_text(config, cfg, entries)
+        text = _config_text(_config_file(config, source), cfg, entries)
         inputs = [*inputs, *([source.path] if source.path is not None else [])]
         if isinstance(source_or_tree, (str, os.PathLike)):
             inputs.append(source_or_tree)
-        generation = _generation_config(source) if from_source else None
+        assets = {n: p for n, p in source.assets.items() if n != CONFIG_FILE}
         _write(
-            Path(directory), plan, source, shards, names, text, generation,
+            Path(directory), plan, source, shards, names, text, assets,
             force=force, inputs=inputs, progress=progress,
         )  # fmt: skip
     finally:
-        if source is not source_or_tree:
-            source.close()
+        if opened is not source_or_tree:
+            opened.close()
     return Path(directory)
 
 
-def _generation_config(source: TensorSource) -> Path | None:
-    layout = getattr(source, "layout", None)
-    path = None if layout is None else layout.directory / _GENERATION_CONFIG
-    return path if path is not None and path.is_file() else None
+def _plan_of(
+    source: TensorSource,
+    config: dict,
+    found: ConfigTies,
+    rules: Rules,
+    layout: str | Layout | None,
+    directory: str | os.PathLike,
+) -> tuple[Plan, TensorSource]:
+    """The PyTorch names of ``source``'s tensors: as they are (PyTorch names); by its
+    naming record (a conversion's: exact); by the transformers-flax layout (given, or
+    found: no collection at the top), whose rules decide every name and layout; else
+    after the config's model class (``like=``), which settles what names cannot.
+    Returns the plan and the source it reads: ``source``, or, where the Flax port
+    computes tensors that the PyTorch class stores, ``source`` with them."""
+    if not source.flax_named:
+        return Plan.identity(source), source
+    chosen = detect_layout(layout, list(source.infos), config)
+    if source.ties.naming is not None:  # (Exact; a port's quirks below all the same.)
+        plan = torch_plan(source, rules=rules)
+    elif chosen is None or chosen.collections:
+        return torch_plan(source, rules=rules, like=found.model), source
+    else:
+        plan = torch_plan(source, rules=chosen.resolve(config, rules))
+        if found.names is not None:
+            _check_fits(plan, found, chosen, config, directory)
+    family = None if chosen is None or chosen.collections else chosen.family(config)
+    if family is None or found.names is None:
+        return plan, source
+    return _with_computed(plan, source, family, found.names, config, directory)
+
+
+def _with_computed(
+    plan: Plan,
+    source: TensorSource,
+    family: Family,
+    names: Mapping[str, tuple[int, ...]],
+    config: dict,
+    directory: str | os.PathLike,
+) -> tuple[Plan, TensorSource]:
+    """``plan`` plus the tensors the model class stores and ``family``'s Flax port
+    computes (Pegasus' sinusoidal positions), in the plan's floating dtype; a
+    tensor of a module the Flax class lacks is one warning line, as transformers
+    initialises it on load."""
+    have = {*(e.name for e in plan.entries), *plan.alias_map}
+    wanted = [n for n in names if n not in have]
+    floats = [e.info.dtype for e in plan.entries if is_floating(e.info.dtype)]
+    dtype = numpy_dtype(max(set(floats), key=floats.count) if floats else "float32")
+    extra = {}
+    for name in wanted:
+        compute = family.computed_by(name)
+        if compute is not None:
+            extra[name] = compute(tuple(names[name])).astype(dtype)
+    absent = [n for n in wanted if family.absent_from(n, config)]
+    if absent:
+        arch = (config.get("architectures") or ["?"])[0]
+        warnings.warn(
+            f"{directory}: {', '.join(map(repr, absent))} are not written: the Flax port of "
+            f"{arch} has no such module, and transformers initialises them on load (the "
+            "PyTorch class holds them unused).",
+            stacklevel=4,
+        )
+    if not extra:
+        return plan, source
+    with_extra = PlannedSource(source, plan, extra)
+    return Plan.identity(with_extra), with_extra
+
+
+def _check_fits(
+    plan: Plan, found: ConfigTies, layout: Layout, config: dict, directory: str | os.PathLike
+) -> None:
+    """Every name the layout gives is a tensor of the config's model class, of its shape.
+
+    Raises:
+      ValueError: one line naming the first Flax leaf that fits no tensor, with the
+        model's nearest names.
+    """
+    names = found.names or {}
+    record = plan.alias_map.naming or NamingRecord()
+    flax_path = {n.torch: path for path, n in record.items()}
+    for entry in plan.entries:
+        loaded = found.load_name(entry.name)
+        shape = names.get(loaded)
+        if shape is not None and (loaded != entry.name or tuple(shape) == entry.info.shape):
+            continue  # (A renamed tensor may be reshaped on load too: its name is enough.)
+        arch = (config.get("architectures") or [config.get("model_type", "the model")])[0]
+        what = "has no tensor of that name" if shape is None else f"holds it as {tuple(shape)}"
+        near = difflib.get_close_matches(entry.name, list(names), n=3, cutoff=0.5)
+        raise ValueError(
+            f"{directory}: the Flax leaf {flax_path.get(entry.name, entry.source)!r} fits no "
+            f"layout: the {layout.name} layout names it {entry.name!r} {tuple(entry.info.shape)}, "
+            f"but {arch} {what}"
+            + (f" (nearest: {', '.join(near)})" if near else "")
+            + "; pass `layout=` (--layout) the tree's layout, or convert a tree of this model."
+        )
+
+
+def _without_tied_copies(
+    plan: Plan, source: TensorSource, tied: Mapping[str, str], config: dict, directory: Path
+) -> Plan:
+    """``plan`` without the tensors the model class ties to another tensor the plan
+    stores: a Flax leaf the model never uses under its tie (Flax Llama's
+    ``lm_head/kernel`` when ``tie_word_embeddings`` is set). The tied-to tensor is
+    kept -- transformers ties the other to it on load -- and each one left out is one
+    warning line, saying whether the two held the same values (else max |Δ|).
+
+    Where ``config.json`` says ``tie_word_embeddings: false`` and the model class
+    declares the tie all the same (transformers 5's mT5 head), the two sources
+    disagree: the config decides, both are written, and one warning line says so."""
+    by_name = {e.name: e for e in plan.entries}
+    declared = AliasMap(tied)  # (Chains collapsed.)
+    dropped: set[str] = set()
+    untied = config.get("tie_word_embeddings") is False
+    for alias, canonical in declared.items():
+        if alias not in by_name or canonical not in by_name:
+            continue
+        if untied:
+            warnings.warn(
+                f"{directory}: config.json sets tie_word_embeddings: false, but the model class "
+                f"declares {alias!r} tied to {canonical!r} all the same; both are written, "
+                "as the config says (transformers loads two stored tensors that differ "
+                "apart).",
+                stacklevel=4,
+            )
+            continue
+        a, c = by_name[alias], by_name[canonical]
+        left, kept = plan.array(source, a), plan.array(source, c)
+        if left.shape == kept.shape and np.array_equal(left, kept, equal_nan=True):
+            how = "which holds the same values"
+        else:
+            delta = _max_delta(left, kept)
+            how = f"but they differ (max |Δ| = {delta}); {canonical!r} is kept"
+        warnings.warn(
+            f"{directory}: {alias!r} (from {a.source!r}) is left out: config.json ties it to "
+            f"{canonical!r} (from {c.source!r}), {how}, as transformers ties {alias!r} to "
+            "it on load.",
+            stacklevel=4,
+        )
+        dropped.add(alias)
+    if not dropped:
+        return plan
+    return dataclasses.replace(
+        plan, entries=tuple(e for e in plan.entries if e.name not in dropped)
+    )
+
+
+def _max_delta(a: np.ndarray, b: np.ndarray) -> str:
+    if a.shape != b.shape:
+        return f"shapes {a.shape} and {b.shape}"
+    return f"{float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))):.3g}"
 
 
 def _write(
@@ -276,7 +454,7 @@ def _write(
     shards: list[list[PlanEntry]],
     names: list[str],
     config_text: bytes,
-    generation: Path | None,
+    assets: Mapping[str, Path],
     *,
     force: bool,
     inputs: Iterable[str | os.PathLike],
@@ -314,5 +492,5 @@ def _write(
             }
             (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / CONFIG_FILE).write_bytes(config_text)
-        if generation is not None:
-            shutil.copyfile(generation, tmp / _GENERATION_CONFIG)
+        for name, path in assets.items():  # (Copied as they are: never parsed, never run.)
+            shutil.copyfile(path, tmp / name)

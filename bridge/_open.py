@@ -8,10 +8,11 @@ shapes, dtypes and ties first (no tensor read), then one tensor at a time.
   manager root, which is refused naming its steps (``jaxshare.checkpoint``;
   JAX and Orbax are imported only then);
 - a Hugging Face directory, its ``*.index.json`` or its ``config.json``
-  (:class:`bridge.HFDirectory`);
+  (:class:`bridge.HFDirectory`), a Flax model's ``flax_model.msgpack`` directory
+  included;
 - a DeepSpeed checkpoint folder (:class:`jaxshare.formats.DeepSpeedCheckpoint`);
-- a weights file, ``.safetensors`` or ``.pt``/``.bin``/``.pth``
-  (:func:`jaxshare.formats.open_weights_file`), unless an index beside it lists it
+- a weights file, ``.safetensors``, ``.pt``/``.bin``/``.pth`` or a Flax
+  ``.msgpack`` (:func:`jaxshare.formats.open_weights_file`), unless an index beside it lists it
   as one shard of several;
 
 and in memory, a source as it is, or a torch module or state dict

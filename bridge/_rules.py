@@ -184,6 +184,16 @@ class Rules:
         rather than ``layers/0`` (NNX, Hugging Face). Without ``like``, going
         back splits every ``name_<digits>`` part, so a module named ``conv_1``
         would come back as ``conv.1``: pass ``like=`` the module to be exact.
+      collections: whether Flax paths start with the linen collection
+        (``params/wte/embedding``, linen variables); ``False``: a params tree
+        without it, as Hugging Face's Flax models hold (``wte/embedding``).
+      modules: PyTorch module name -> Flax module name, where a Flax port names a
+        module otherwise (Whisper's ``proj_out`` is its Flax ``lm_head``).
+      tied_leaves: PyTorch names that a tie makes one tensor, but that the Flax
+        tree holds as a leaf of its own all the same (Flax Llama's ``lm_head``):
+        written out from their canonical, not kept as an alias.
+
+    A :class:`bridge.Layout` makes the ``Rules`` of its Flax layout.
 
     >>> Rules(linen_lists=True).linen_lists
     True
@@ -193,15 +203,26 @@ class Rules:
     layers: Mapping[str, str] = field(default_factory=lambda: DEFAULT_LAYERS)
     linen_lists: bool = False
     layer_names: Mapping[str, str] = field(default_factory=lambda: DEFAULT_LAYER_NAMES)
+    collections: bool = True
+    modules: Mapping[str, str] = field(default_factory=dict)
+    tied_leaves: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules)
         bad = [r for r in rules if not isinstance(r, Rule)]
         if bad:
             raise TypeError(f"`rules` must hold Rule objects, got {bad[:3]!r}.")
+        names = [*self.modules, *self.modules.values()]
+        if any(not isinstance(n, str) or not n or "." in n or "/" in n for n in names):
+            raise ValueError(
+                f"Rules `modules` must map module names (no '.' or '/') to module names, got "
+                f"{dict(self.modules)!r}."
+            )
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "layers", MappingProxyType(dict(self.layers)))
         object.__setattr__(self, "layer_names", MappingProxyType(dict(self.layer_names)))
+        object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))
+        object.__setattr__(self, "tied_leaves", frozenset(self.tied_leaves))
 
 
 RulesArg = Rules | Sequence[Rule] | None
@@ -309,14 +330,21 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Target]:
 _LIST_ITEM = re.compile(r"^(.*?[^_\d].*?)((?:_\d+)+)$")
 
 
-def module_variants(module: tuple[str, ...], linen_lists: bool) -> list[tuple[str, ...]]:
-    """The Flax spellings of a PyTorch module path, preferred first.
+def module_variants(
+    module: tuple[str, ...], linen_lists: bool, renames: Mapping[str, str] | None = None
+) -> list[tuple[str, ...]]:
+    """The Flax spellings of a PyTorch module path, preferred first (``renames``:
+    PyTorch module name -> Flax module name, :attr:`Rules.modules`).
 
     >>> module_variants(("h", "0", "attn"), linen_lists=False)
     [('h', '0', 'attn'), ('h_0', 'attn')]
     >>> module_variants(("wte",), linen_lists=True)
     [('wte',)]
+    >>> module_variants(("proj_out",), False, {"proj_out": "lm_head"})
+    [('lm_head',)]
     """
+    if renames:
+        module = tuple(renames.get(part, part) for part in module)
     linen: list[str] = []
     for part in module:
         if part.isdigit() and linen:
@@ -350,6 +378,9 @@ def torch_name(
             break
     if rules.linen_lists:
         module = [p for part in module for p in _split_list_item(part)]
+    if rules.modules:
+        back = {flax: torch for torch, flax in rules.modules.items()}
+        module = [back.get(part, part) for part in module]
     return ".".join([*module, name]), perm
 
 

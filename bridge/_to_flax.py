@@ -23,7 +23,9 @@ import jax
 import numpy as np
 
 from bridge._flax_placement import FlaxPlan, place_source
+from bridge._layouts import Layout, as_layout
 from bridge._open import opened
+from bridge._relayout import place_any
 from bridge._rules import RulesArg, as_rules
 from bridge._torch_naming import torch_aliases
 from jaxshare import AliasMap
@@ -79,15 +81,15 @@ def _flax_arrays(
     torch_tensors = _in_memory_torch(source)
 
     def convert(key: str) -> Any:
-        slot = plan.slots[key]
-        sharding = shardings.get(slot.path)
+        sharding = shardings.get(plan.slots[key].path)
+        base, perm = plan.source_of(key)
         if sharding is not None and _wants_slices(sharding):
-            return _sharded_array(source, key, slot.perm, sharding)
+            return _sharded_array(source, base, perm, sharding)
         if torch_tensors:
             from bridge._tensors import to_array
 
-            return to_array(source.read(key), slot.perm, key=key, sharding=sharding)
-        return _from_numpy(source.array(key), slot.perm, sharding)
+            return to_array(source.read(base), perm, key=key, sharding=sharding)
+        return _from_numpy(source.array(base), perm, sharding)
 
     direct: list[str] = []
     queued: list[str] = []
@@ -102,7 +104,7 @@ def _flax_arrays(
 
         tensors = []
         for key in plan.stored:
-            if shardings.get(plan.slots[key].path) is None:
+            if shardings.get(plan.slots[key].path) is None and key not in plan.copies:
                 value = source.read(key)
                 if shares_memory_as_array(value, plan.slots[key].perm):
                     direct.append(key)
@@ -184,14 +186,15 @@ def flax_conversion(
     *,
     like: Any = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
     progress: ProgressFn | None = None,
 ) -> tuple[FlaxPlan, dict[tuple[str, ...], Any]]:
     """The placement and the stored arrays ``{flax path: array}`` (what a checkpoint
     stores), before aliases are filled in."""
     rules = as_rules(rules)
     with opened(state_dict_or_module, rules) as source:
-        plan = place_source(source, like=like, rules=rules)
-        return plan, _flax_arrays(source, plan, progress)
+        plan, placed = place_any(source, like=like, rules=rules, layout=layout)
+        return plan, _flax_arrays(placed, plan, progress)
 
 
 def to_flax(
@@ -200,6 +203,7 @@ def to_flax(
     *,
     like: Any = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
 ) -> tuple[Any, AliasMap]:
     """PyTorch weights as Flax variables, with their ties as an ``AliasMap``.
 
@@ -231,6 +235,11 @@ def to_flax(
         layouts. An alias ``like`` has no place for (a model that computes
         ``lm_head`` from the embedding) stays in the alias map.
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
+      layout: the Flax layout to place in: ``"jaxshare"`` (the default, linen
+        variables) or ``"transformers-flax"`` (exactly the ``params`` of
+        transformers 4.57's Flax model of the same architecture, found by the
+        source's ``config.json``: a Hugging Face directory's, a transformers
+        module's); see ``docs/flax-layouts.md``.
 
     Returns:
       ``(variables, alias_map)``; the alias map's ``naming`` records each leaf's
@@ -238,7 +247,9 @@ def to_flax(
       conversion exactly without ``like``. Without ``like``, linen variables
       ``{"params": ..., "batch_stats": ...}`` (``batch_stats`` and ``buffers``
       only when there are any), every alias present: the same array object as
-      its canonical, or its transpose. ``jaxshare.tie(variables, alias_map)``
+      its canonical, or its transpose; with ``layout="transformers-flax"``,
+      exactly the Flax model's ``params``, whose implicit ties (GPT-2's
+      ``lm_head``) are in the alias map only. ``jaxshare.tie(variables, alias_map)``
       gives the ``Tied`` a training loop takes.
 
     Raises:
@@ -259,9 +270,12 @@ def to_flax(
     >>> variables["params"]["lm_head"]["kernel"].shape
     (4, 10)
     """
-    plan, stored = flax_conversion(state_dict_or_module, like=like, rules=rules)
+    plan, stored = flax_conversion(state_dict_or_module, like=like, rules=rules, layout=layout)
     if plan.target is None:
-        full = _with_aliases(stored, plan, lambda path: True)
+        # Linen variables hold every alias; a layout of a Flax port's own params, only
+        # the leaves the port holds (an implicit tie is its alias map's alone).
+        own = layout is None or as_layout(layout).collections
+        full = _with_aliases(stored, plan, lambda path: own)
         return nest({render(path): value for path, value in full.items()}), plan.alias_map
     target = plan.target
     return target.build(_with_aliases(stored, plan, target.shapes.__contains__)), plan.alias_map
@@ -274,6 +288,7 @@ def flax_alias_map(
     *,
     like: Any = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
 ) -> AliasMap:
     """PyTorch ``{alias: canonical}`` (DeepSpeed's ``shared_params``) as an
     ``AliasMap`` in Flax paths, with the permutations the layouts imply.
@@ -283,7 +298,7 @@ def flax_alias_map(
         it) is taken to have its canonical's shape.
       source: the module, state dict or file the names belong to (shapes and
         layer types decide the Flax names).
-      like, rules: as in :func:`to_flax`.
+      like, rules, layout: as in :func:`to_flax`.
 
     >>> import torch
     >>> sd = {"wte.weight": torch.zeros(10, 4)}  # DeepSpeed did not store lm_head.weight
@@ -297,5 +312,5 @@ def flax_alias_map(
         ties = dict(src.ties.items())
         ties.update(aliases)
         merged = AliasMap(ties, transforms=src.ties.transforms)
-        plan = place_source(src, like=like, rules=rules, ties=merged)
+        plan = place_source(src, like=like, rules=rules, ties=merged, layout=layout)
         return plan.alias_map.with_naming(None)

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bridge._rules import RulesArg, as_rules
+from bridge._layouts import Layout, layout_rules
+from bridge._rules import RulesArg
 from bridge._tensors import to_tensor
-from bridge._torch_naming import TorchPlan, flax_variables, plan_torch
+from bridge._torch_naming import TorchPlan, flax_variables, model_config, plan_torch
 from jaxshare import AliasMap
 from jaxshare.internal import Perm, compose, inverse, parallel_map
 from jaxshare.stream import ProgressFn
@@ -101,14 +102,17 @@ def torch_conversion(
     *,
     like: Source | None = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
     progress: ProgressFn | None = None,
 ) -> dict[str, torch.Tensor]:
     """:func:`to_torch` with a progress callback."""
-    rules = as_rules(rules)
+    rules = layout_rules(layout, rules, model_config(like))
     tree, amap, torch_map = flax_variables(variables, alias_map)
     plan = plan_torch(tree, amap, like, rules, torch_map or ())
     out = _torch_tensors(plan, progress)
     _apply_torch_map(out, torch_map)
+    for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.
+        out[alias] = out[canonical]
     # With `like`, every name is placed or filled by the map: give them in its order.
     return out if plan.like_keys is None else {k: out[k] for k in plan.like_keys}
 
@@ -120,6 +124,7 @@ def to_torch(
     *,
     like: Source | None = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
 ) -> dict[str, torch.Tensor]:
     """Flax variables as a PyTorch state dict, every tie one tensor again.
 
@@ -146,6 +151,11 @@ def to_torch(
         GPT-2 ``Conv1D`` weight). Without it, names and layouts come from the
         rules alone, which invert :func:`to_flax` of a state dict exactly.
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
+      layout: the Flax layout ``variables`` are in: ``"jaxshare"`` (the default)
+        or ``"transformers-flax"`` (a transformers 4.57 Flax model's ``params``;
+        its family quirks come from ``like``'s config, when ``like`` is a
+        transformers model). A naming record in the alias map names every leaf
+        exactly whatever the layout.
 
     Raises:
       ValueError: a canonical path missing, an alias of the wrong shape, two leaves
@@ -164,4 +174,4 @@ def to_torch(
     >>> sd["head.weight"] is sd["wte.weight"]
     True
     """
-    return torch_conversion(variables, alias_map, like=like, rules=rules)
+    return torch_conversion(variables, alias_map, like=like, rules=rules, layout=layout)

@@ -18,10 +18,11 @@ module (``like=``) touches torch, through that module.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge._flax_placement import place, torch_leaves
+from bridge._layouts import Layout, layout_rules
 from bridge._rules import Rules, RulesArg, as_rules, torch_name
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TorchPlan",
     "flax_variables",
+    "model_config",
     "plan_torch",
     "torch_alias_map",
     "torch_aliases",
@@ -121,6 +123,9 @@ class TorchPlan:
       alias_map: the ties, in Flax paths.
       order: the Flax paths in output order.
       like_keys: the output's names in order, when a target (``like=``) gave them.
+      fills: ``{PyTorch name: PyTorch name}`` of the names ``like`` ties to another
+        that no Flax leaf holds (a head the Flax model computes from the
+        embedding): each is that tensor again.
     """
 
     names: dict[str, tuple[str, Perm | None]]
@@ -128,6 +133,7 @@ class TorchPlan:
     alias_map: AliasMap
     order: list[str]
     like_keys: list[str] | None
+    fills: dict[str, str] = field(default_factory=dict)
 
     def plan(self) -> Plan:
         """The streaming plan: each stored Flax path written under its PyTorch
@@ -157,6 +163,7 @@ class TorchPlan:
             transforms[a_name] = compose(
                 compose(inverse(a_perm), flax_ties.transform(alias)), c_perm
             )
+        aliases.update(self.fills)
         naming = NamingRecord({p: self.names[p] for p in self.order})
         return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
 
@@ -210,6 +217,7 @@ def plan_torch(
     order = [leaf.path for leaf in flat] + sorted(a for a in amap if a not in present)
     names: dict[str, tuple[str, Perm | None]] = {}
     like_keys = None
+    fills: dict[str, str] = {}
     if like is None:
         record = amap.naming or NamingRecord()
         for path in order:
@@ -229,11 +237,14 @@ def plan_torch(
     else:
         from bridge._open import open_source
 
-        torch_side = torch_leaves(open_source(like, rules, arg="like"), rules, guess=False)
+        target = open_source(like, rules, arg="like")
+        torch_side = torch_leaves(target, rules, guess=False)
         index = {leaf.full: tuple(leaf.value.shape) for leaf in leaves.values()}
-        slots, problems = place(
-            torch_side, index, rules, optional=filled_by_map, what="`variables`"
-        )
+        # A name `like` ties to another needs no leaf: the Flax model may compute it
+        # (an `attend` head, Hugging Face's tied heads); it is that tensor again.
+        optional = {*filled_by_map, *target.ties}
+        slots, problems = place(torch_side, index, rules, optional=optional, what="`variables`")
+        fills = {a: c for a, c in target.ties.items() if a not in slots and c in slots}
         claimed = {s.name for s in slots.values()}
         unclaimed = [p for p in order if p not in claimed and p not in amap]
         if unclaimed:
@@ -246,7 +257,7 @@ def plan_torch(
             )
         names = {s.name: (key, s.perm) for key, s in slots.items()}
         order = [slots[leaf.key].name for leaf in torch_side if leaf.key in slots]
-        like_keys = [leaf.key for leaf in torch_side]
+        like_keys = [leaf.key for leaf in torch_side if leaf.key in slots or leaf.key in fills]
     seen: dict[str, str] = {}
     for path in order:
         key = names[path][0]
@@ -256,10 +267,18 @@ def plan_torch(
                 "`rules=` (or `like=`) that tell them apart."
             )
         seen[key] = path
-    return TorchPlan(names, leaves, amap, order, like_keys)
+    return TorchPlan(names, leaves, amap, order, like_keys, fills)
 
 
-def torch_plan(source: TensorSource, /, *, like: Any = None, rules: RulesArg = None) -> Plan:
+def torch_plan(
+    source: TensorSource,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Plan:
     """How each array of a Flax-named source is named and laid out in PyTorch, as
     :func:`bridge.to_torch` would, without reading an array.
 
@@ -269,6 +288,11 @@ def torch_plan(source: TensorSource, /, *, like: Any = None, rules: RulesArg = N
     is an identical alias (stored once), one whose layouts differ an alias with
     a transform; its naming record maps the Flax paths to the PyTorch names.
 
+    The rules are ``layout`` 's for the model of ``config`` (default: the
+    source's own ``config``, an item's ``config.json`` asset); without a layout,
+    a tree with no collection at the top (``transformer/...``, not ``params/...``)
+    and a config is in the transformers-flax layout.
+
     >>> import jax.numpy as jnp, tempfile
     >>> from jaxshare import checkpoint
     >>> path = tempfile.mkdtemp() + "/ckpt"
@@ -276,6 +300,9 @@ def torch_plan(source: TensorSource, /, *, like: Any = None, rules: RulesArg = N
     >>> [(e.name, e.source, e.perm) for e in torch_plan(checkpoint.open_source(path)).entries]
     [('wte.weight', 'params/wte/embedding', None)]
     """
+    config = config if config is not None else getattr(source, "config", None)
+    if source.ties.naming is None:  # (A naming record names every leaf exactly.)
+        rules = layout_rules(layout, rules, config, paths=list(source.infos))
     rules = as_rules(rules)
     flax_ties = source.ties
     stored = {p: info for p, info in source.infos.items() if p not in flax_ties}
@@ -356,6 +383,7 @@ def torch_alias_map(
     *,
     like: Source | None = None,
     rules: RulesArg = None,
+    layout: str | Layout | None = None,
 ) -> dict[str, str]:
     """An ``AliasMap`` in Flax paths as PyTorch ``{alias: canonical}`` -- the shape
     of DeepSpeed's ``shared_params``.
@@ -363,7 +391,7 @@ def torch_alias_map(
     Args:
       alias_map: the ties in Flax paths.
       variables: the tree they belong to (shapes decide the PyTorch layouts).
-      like, rules: as in :func:`bridge.to_torch`.
+      like, rules, layout: as in :func:`bridge.to_torch`.
 
     Raises:
       ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
@@ -377,7 +405,7 @@ def torch_alias_map(
     >>> torch_alias_map(head, variables)
     {'head.weight': 'wte.weight'}
     """
-    rules = as_rules(rules)
+    rules = layout_rules(layout, rules, model_config(like))
     tree, amap, _ = flax_variables(variables, alias_map)
     plan = plan_torch(tree, amap, like, rules)
     out: dict[str, str] = {}
@@ -393,3 +421,9 @@ def torch_alias_map(
             )
         out[key_a] = key_c
     return out
+
+
+def model_config(model: Any) -> Mapping[str, Any] | None:
+    """The ``config.json`` of a transformers model (``like=``), if it is one."""
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    return to_dict() if callable(to_dict) else None

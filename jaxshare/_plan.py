@@ -11,7 +11,7 @@ directory) ask it for one output array at a time, read from the source with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -24,7 +24,7 @@ from jaxshare._perm import Perm, contiguous_transpose
 from jaxshare._report import ArrayInfo
 from jaxshare._source import TensorSource
 
-__all__ = ["Plan", "PlanEntry", "ReadAhead"]
+__all__ = ["Plan", "PlanEntry", "PlannedSource", "ReadAhead"]
 
 T = TypeVar("T")
 
@@ -176,6 +176,73 @@ class Plan:
         transposed one counted with its source), so one tensor can be read while
         the one before is written."""
         return 2 * max((e.info.nbytes for e in self.entries), default=0) or 1
+
+
+class PlannedSource(TensorSource):
+    """The outputs of a plan over a source, as a source of their own: each tensor
+    read from ``source`` (cast, transposed) when asked for, plus ``extra`` arrays,
+    so one conversion's outputs feed another's plan without being held.
+
+    Args:
+      source: the source the plan reads.
+      plan: its outputs are this source's tensors, its alias map the ties.
+      extra: more tensors, ``{name: array}``, after the plan's (e.g. ones a
+        format computes rather than stores).
+
+    >>> from jaxshare.formats import SafetensorsFile
+    >>> from safetensors.numpy import save_file
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> save_file({"w": np.zeros((2, 3), np.float32)}, d + "/w.safetensors")
+    >>> with SafetensorsFile(d + "/w.safetensors") as file:
+    ...     e = PlanEntry("k", "w", (1, 0), file.infos["w"].permuted((1, 0)))
+    ...     PlannedSource(file, Plan((e,), AliasMap())).array("k").shape
+    (3, 2)
+    """
+
+    def __init__(
+        self,
+        source: TensorSource,
+        plan: Plan,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        extra = dict(extra or {})
+        self._source, self._plan, self._extra = source, plan, extra
+        self._entries = {e.name: e for e in plan.entries}
+        taken = [name for name in extra if name in self._entries]
+        if taken:
+            raise ValueError(f"{source.where}: the plan already names {taken[:3]}.")
+        self.path, self.kind = source.path, source.kind
+        self.infos = {
+            **{e.name: e.info for e in plan.entries},
+            **{n: ArrayInfo(tuple(a.shape), a.dtype.name) for n, a in extra.items()},
+        }
+        self.ties = plan.alias_map
+        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
+        self.config = getattr(source, "config", None)
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    def read(self, name: str) -> np.ndarray:
+        return self.array(name)
+
+    def array(self, name: str) -> np.ndarray:
+        if name in self._extra:
+            return self._extra[name]
+        return self._plan.array(self._source, self._entry(name))
+
+    def blocks(self, name: str) -> Iterable[np.ndarray]:
+        if name in self._extra:
+            return (self._extra[name],)
+        return self._plan.blocks(self._source, self._entry(name))
+
+    def _entry(self, name: str) -> PlanEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"{self.where}: no tensor named {name!r}.") from None
 
 
 class ReadAhead(Generic[T]):

@@ -67,6 +67,9 @@ class TieReport:
         ``"config.json"`` (a Hugging Face config ties it); unnamed aliases get
         ``"alias map"``.
       parts: the files the item is made of (shards), one line each.
+      assets: the files that travel with the arrays (``config.json``,
+        tokenizer files), by name.
+      other_files: files beside the arrays that are neither read nor carried.
 
     >>> r = TieReport("ckpt", "orbax", {"wte": ArrayInfo((4, 2), "float32")},
     ...               AliasMap({"head": "wte"}, transforms={"head": (1, 0)}))
@@ -81,6 +84,8 @@ class TieReport:
     written_out: frozenset[str] = frozenset()
     origins: Mapping[str, str] = field(default_factory=dict)
     parts: tuple[str, ...] = ()
+    assets: tuple[str, ...] = ()
+    other_files: tuple[str, ...] = ()
     arrays: Mapping[str, ArrayInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +146,8 @@ class TieReport:
             "source": self.source,
             "kind": self.kind,
             "parts": list(self.parts),
+            "assets": list(self.assets),
+            "other_files": list(self.other_files),
             "arrays": len(self.arrays),
             "stored_arrays": len(self.stored),
             "bytes_stored": self.bytes_stored,

@@ -56,6 +56,11 @@ class TensorSource(abc.ABC):
       mapped: whether :meth:`blocks` are views of memory the source already
         holds (a mapped file, tensors in memory), so reading costs no copy and
         a writer gains nothing by reading ahead.
+      assets: ``{file name: path}`` of the files that travel with the tensors
+        (a model directory's ``config.json``, tokenizer files; an item's kept
+        copies of them), copied byte for byte by conversions that keep them.
+      other_files: files beside the tensors that are neither assets nor read
+        (``README.md``, code): listed by reports, never run or carried.
     """
 
     path: Path | None = None
@@ -66,6 +71,8 @@ class TensorSource(abc.ABC):
     parts: tuple[str, ...] = ()
     layers: Mapping[str, str | None] | None = None
     mapped: bool = False
+    assets: Mapping[str, Path] = {}
+    other_files: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def read(self, name: str) -> Any:
@@ -126,6 +133,8 @@ class TensorSource(abc.ABC):
             self.written_out,
             dict(self.origins),
             tuple(self.parts),
+            tuple(self.assets),
+            self.other_files,
         )
 
 

@@ -42,6 +42,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare._paths import render_part as render_part
     from jaxshare._paths import split as split
     from jaxshare._perm import Perm as Perm
+    from jaxshare._plan import PlannedSource as PlannedSource
     from jaxshare._perm import as_perm as as_perm
     from jaxshare._perm import compose as compose
     from jaxshare._perm import contiguous_transpose as contiguous_transpose
@@ -58,6 +59,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._hf import check_not_a_shard as check_not_a_shard
     from jaxshare.formats._hf import is_hf_directory as is_hf_directory
     from jaxshare.formats._layout import ITEM as ITEM
+    from jaxshare.formats._layout import asset_files as asset_files
     from jaxshare.formats._pytorch import TORCH_FILE as TORCH_FILE
     from jaxshare.formats._pytorch import looks_like_torch_file as looks_like_torch_file
     from jaxshare.formats._pytorch import state_dict_in as state_dict_in
@@ -87,12 +89,13 @@ __getattr__, __dir__, __all__ = _exports(
             "permute_shape",
             "transpose",
         ],
+        "jaxshare._plan": ["PlannedSource"],
         "jaxshare._report": ["format_bytes"],
         "jaxshare._source": ["Index", "file_part"],
         "jaxshare._threads": ["parallel_map"],
         "jaxshare.formats._deepspeed": ["STAND_INS", "load_deepspeed_file"],
         "jaxshare.formats._hf": ["HF_DIRECTORY", "check_not_a_shard", "is_hf_directory"],
-        "jaxshare.formats._layout": ["ITEM"],
+        "jaxshare.formats._layout": ["ITEM", "asset_files"],
         "jaxshare.formats._pytorch": [
             "TORCH_FILE",
             "looks_like_torch_file",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ def save(
     *,
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
+    assets: Mapping[str, str | os.PathLike | bytes] | None = None,
 ) -> None:
     """Saves ``item`` (a tree or a ``jaxshare.Tied``) with each tie stored once.
 
@@ -53,12 +54,17 @@ def save(
       force: replace ``directory`` if it is a checkpoint item already (never a
         directory of other files).
       inputs: paths ``item`` was read from; ``directory`` may be none of them.
+      assets: files to keep with the arrays, ``{file name: path or bytes}``
+        (``config.json``, the tokenizer's files), copied byte for byte into the
+        item's ``jaxshare_assets/``, where Orbax never looks; a Hugging Face
+        directory written from the item gets them back.
 
     Raises:
       FileExistsError: ``directory`` exists and ``force`` is false.
       NotADirectoryError: a parent of ``directory`` is a file.
       ValueError: ``directory`` holds something that is not a checkpoint item, or
-        is an input; the processes of a multi-process job found different ties.
+        is an input; the processes of a multi-process job found different ties;
+        an asset name that is not a plain file name.
 
     >>> import tempfile, jax.numpy as jnp
     >>> emb = jnp.arange(6.0).reshape(3, 2)
@@ -78,7 +84,7 @@ def save(
     ) as tmp:
         try:
             with ocp.Checkpointer(SharedCheckpointHandler()) as checkpointer:
-                checkpointer.save(tmp, args=SharedSave(item))
+                checkpointer.save(tmp, args=SharedSave(item, dict(assets or {})))
         except BaseException:
             if primary:  # Orbax leaves its own temporary directory when a save fails.
                 for stray in tmp.parent.glob(f"{glob.escape(tmp.name)}.orbax-checkpoint-tmp*"):
@@ -147,9 +153,12 @@ def write_item(
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
+    assets: Mapping[str, str | os.PathLike | bytes] | None = None,
 ) -> None:
     """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
-    with the plan's alias map (and naming record), streaming.
+    with the plan's alias map (and naming record), streaming; ``assets`` as for
+    :func:`save` (default: the source's own, e.g. a Hugging Face directory's
+    ``config.json`` and tokenizer files).
 
     The model is never held: each array is read (cast and transposed as the plan
     says) while the ones before it are written, so memory holds about two of
@@ -174,7 +183,13 @@ def write_item(
     [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
     item = StreamedItem(plan, source, progress)
-    save(directory, item, force=force, inputs=inputs)
+    save(
+        directory,
+        item,
+        force=force,
+        inputs=inputs,
+        assets=source.assets if assets is None else assets,
+    )
     for entry in plan.entries:  # Zero-size arrays are recorded, not written.
         if 0 in entry.info.shape:
             item.report(entry)

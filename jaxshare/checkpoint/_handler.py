@@ -9,7 +9,9 @@ unchanged. See :mod:`jaxshare.formats` for what an item holds.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -28,6 +30,7 @@ from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
 from jaxshare.checkpoint._stream import StreamedItem
 from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
+from jaxshare.internal import asset_files
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
 
@@ -101,9 +104,9 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     def _prepare(
         self, directory: epath.Path, args: SharedSave
-    ) -> tuple[Any, ocp.args.CheckpointArgs, dict[str, str]]:
-        """The Orbax handler that writes the unique tree, its args, and the JSON
-        files of the ties."""
+    ) -> tuple[Any, ocp.args.CheckpointArgs, dict[str, str | bytes]]:
+        """The Orbax handler that writes the unique tree, its args, and jaxshare's
+        files: the JSON files of the ties, and the assets."""
         if not isinstance(args, SharedSave):
             raise TypeError(
                 f"SharedCheckpointHandler saves `SharedSave(item)`, got {type(args).__name__}."
@@ -131,12 +134,13 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
             orbax_args = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
         else:
             orbax_args = ocp.args.PyTreeSave(stored, save_args=chunked, custom_metadata=custom)
-        files = {ALIAS_MAP_FILE: alias_map.to_json(indent=1)}
+        files: dict[str, str | bytes] = {ALIAS_MAP_FILE: alias_map.to_json(indent=1)}
         if alias_map.naming is not None:
             files[NAMING_FILE] = alias_map.naming.to_json(indent=1)
+        files.update(asset_files(args.assets))
         return writer, orbax_args, files
 
-    async def _write_alias_map(self, directory: epath.Path, files: dict[str, str]) -> None:
+    async def _write_alias_map(self, directory: epath.Path, files: dict[str, str | bytes]) -> None:
         # A commit future: runs once Orbax has created `directory` (the temporary one).
         if ocp.multihost.is_primary_host(self._primary_host):
             write_alias_map(directory, files)
@@ -170,11 +174,16 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         self._standard.close()
 
 
-def write_alias_map(directory: epath.Path, files: dict[str, str]) -> None:
-    """Writes the alias map file and the naming record (a function of its own so a
-    test can stall it)."""
-    for name, text in files.items():
-        (directory / name).write_text(text)
+def write_alias_map(directory: epath.Path, files: dict[str, str | bytes]) -> None:
+    """Writes the alias map file, the naming record and the assets (a function of
+    its own so a test can stall it)."""
+    for name, data in files.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
 
 
 def _final_path(directory: epath.Path) -> str:
@@ -209,9 +218,13 @@ class SharedSave(ocp.args.CheckpointArgs):
 
     Attributes:
       item: the tree or ``Tied`` to save.
+      assets: files to keep with it, ``{file name: path or bytes}`` (a model
+        directory's ``config.json`` and tokenizer files), copied byte for byte
+        into the item's ``jaxshare_assets/``.
     """
 
     item: Any
+    assets: Mapping[str, str | os.PathLike | bytes] = dataclasses.field(default_factory=dict)
 
 
 @ocp.args.register_with_handler(SharedCheckpointHandler, for_restore=True)

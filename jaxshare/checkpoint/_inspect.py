@@ -6,7 +6,7 @@ import os
 
 from jaxshare._report import TieReport
 from jaxshare.checkpoint._item import open_item
-from jaxshare.formats import ALIAS_MAP_FILE, find_item
+from jaxshare.formats import ALIAS_MAP_FILE, find_item, item_assets
 
 __all__ = ["inspect"]
 
@@ -27,4 +27,7 @@ def inspect(directory: str | os.PathLike) -> TieReport:
     """
     item = open_item(find_item(directory))
     origins = dict.fromkeys(item.alias_map, ALIAS_MAP_FILE)
-    return TieReport(str(item.directory), "orbax", item.stored, item.alias_map, origins=origins)
+    assets = tuple(item_assets(item.directory))
+    return TieReport(
+        str(item.directory), "orbax", item.stored, item.alias_map, origins=origins, assets=assets
+    )

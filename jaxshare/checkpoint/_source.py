@@ -9,15 +9,17 @@ reads only the chunks the slice covers -- at a time.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxshare._dtype import float_dtype
+from jaxshare._json import loads
 from jaxshare._source import Index, TensorSource
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
-from jaxshare.formats import ALIAS_MAP_FILE, find_item
+from jaxshare.formats import ALIAS_MAP_FILE, CONFIG_FILE, find_item, item_assets
 
 __all__ = ["CheckpointSource", "open_source"]
 
@@ -27,6 +29,8 @@ class CheckpointSource(TensorSource):
 
     Attributes:
       item: what the item holds (metadata, alias map, zero-size arrays).
+      assets: the files kept with the arrays (see ``jaxshare.formats.item_assets``).
+      config: the ``config.json`` asset as a dict, ``None`` when the item has none.
     """
 
     kind = "orbax"
@@ -49,6 +53,8 @@ class CheckpointSource(TensorSource):
         }
         self.ties = item.alias_map
         self.origins = dict.fromkeys(self.ties, ALIAS_MAP_FILE)
+        self.assets = item_assets(item.directory)
+        self.config = _config(self.assets.get(CONFIG_FILE))
 
     def read(self, name: str) -> np.ndarray:
         return self._reader.read(name)
@@ -60,6 +66,16 @@ class CheckpointSource(TensorSource):
         """The array at ``name`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices (see ``LeafReader.blocks``)."""
         return self._reader.blocks(name, perm)
+
+
+def _config(path: Path | None) -> dict | None:
+    """A ``config.json`` asset as a dict (strict JSON, an object)."""
+    if path is None:
+        return None
+    config = loads(path.read_bytes(), what=str(path))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: a config is a JSON object, got a {type(config).__name__}.")
+    return config
 
 
 def _cast_name(dtype: str, cast: np.dtype) -> str:

@@ -50,6 +50,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             format=args.format,
             config=args.config,
             max_shard_size=args.max_shard_size,
+            layout=args.layout,
             force=args.force,
             progress=progress,
         )
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "path",
         help="an Orbax item (or step) directory, a Hugging Face or DeepSpeed directory, "
-        "an index .json, .safetensors, .pt or .bin",
+        "an index .json, .safetensors, .pt, .bin or a Flax .msgpack",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_inspect)
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="naming of an Orbax -> file conversion: Flax '/' paths or PyTorch names "
         "(default: flax for .safetensors, torch for .pt/.bin)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=sorted(bridge.LAYOUTS),
+        default=None,
+        help="the Flax layout of a conversion between PyTorch and Flax names "
+        "(default: what the Flax tree and its config.json show, else jaxshare)",
     )
     p.add_argument(
         "--force", action="store_true", help="replace DST if it is an output of the same kind"

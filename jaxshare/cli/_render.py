@@ -83,6 +83,11 @@ def print_report(report: TieReport, stream: TextIO | None = None) -> None:
     console.print(Text(heading))
     for part in report.parts:
         console.print(Text(f"  {part}"))
+    if report.assets:
+        console.print(Text(f"  assets, carried with the weights: {', '.join(report.assets)}"))
+    if report.other_files:
+        listed = ", ".join(report.other_files)
+        console.print(Text(f"  other files, neither read nor carried: {listed}"))
     if report.alias_map:
         console.print(_table(report, stream.isatty()))
     else:

@@ -1,6 +1,6 @@
-"""File formats, with numpy only: safetensors files, PyTorch files, DeepSpeed ZeRO
-folders, the files of a Hugging Face directory, and where a checkpoint item keeps
-what.
+"""File formats, with numpy only: safetensors files, PyTorch files, Flax msgpack
+files, DeepSpeed ZeRO folders, the files of a Hugging Face directory, and where a
+checkpoint item keeps what.
 
 The layer between jaxshare's core and its framework layers. Every reader here
 maps its files and hands out numpy views, one tensor at a time, as a
@@ -23,22 +23,30 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._hf import BIN_WEIGHTS as BIN_WEIGHTS
     from jaxshare.formats._hf import CONFIG_FILE as CONFIG_FILE
     from jaxshare.formats._hf import DEFAULT_MAX_SHARD_SIZE as DEFAULT_MAX_SHARD_SIZE
+    from jaxshare.formats._hf import FLAX_INDEX as FLAX_INDEX
+    from jaxshare.formats._hf import FLAX_WEIGHTS as FLAX_WEIGHTS
     from jaxshare.formats._hf import INDEX_SUFFIX as INDEX_SUFFIX
     from jaxshare.formats._hf import SAFE_INDEX as SAFE_INDEX
     from jaxshare.formats._hf import SAFE_WEIGHTS as SAFE_WEIGHTS
     from jaxshare.formats._hf import HFIndex as HFIndex
     from jaxshare.formats._hf import HFLayout as HFLayout
+    from jaxshare.formats._hf import MODEL_ASSETS as MODEL_ASSETS
+    from jaxshare.formats._hf import ModelFiles as ModelFiles
     from jaxshare.formats._hf import hf_layout as hf_layout
+    from jaxshare.formats._hf import model_files as model_files
     from jaxshare.formats._hf import parse_size as parse_size
     from jaxshare.formats._hf import read_index as read_index
     from jaxshare.formats._hf import shard_name as shard_name
     from jaxshare.formats._layout import ALIAS_MAP_FILE as ALIAS_MAP_FILE
+    from jaxshare.formats._layout import ASSETS_DIR as ASSETS_DIR
     from jaxshare.formats._layout import EMPTY_ARRAYS_KEY as EMPTY_ARRAYS_KEY
     from jaxshare.formats._layout import NAMING_FILE as NAMING_FILE
     from jaxshare.formats._layout import ORBAX_METADATA_FILE as ORBAX_METADATA_FILE
     from jaxshare.formats._layout import find_item as find_item
     from jaxshare.formats._layout import is_checkpoint as is_checkpoint
     from jaxshare.formats._layout import is_item as is_item
+    from jaxshare.formats._layout import item_assets as item_assets
+    from jaxshare.formats._msgpack import MsgpackFile as MsgpackFile
     from jaxshare.formats._pytorch import TORCH_SUFFIXES as TORCH_SUFFIXES
     from jaxshare.formats._pytorch import TorchFile as TorchFile
     from jaxshare.formats._pytorch import check_torch_file as check_torch_file
@@ -67,25 +75,33 @@ __getattr__, __dir__, __all__ = _exports(
             "BIN_WEIGHTS",
             "CONFIG_FILE",
             "DEFAULT_MAX_SHARD_SIZE",
+            "FLAX_INDEX",
+            "FLAX_WEIGHTS",
             "INDEX_SUFFIX",
+            "MODEL_ASSETS",
             "SAFE_INDEX",
             "SAFE_WEIGHTS",
             "HFIndex",
             "HFLayout",
+            "ModelFiles",
             "hf_layout",
+            "model_files",
             "parse_size",
             "read_index",
             "shard_name",
         ],
         "jaxshare.formats._layout": [
             "ALIAS_MAP_FILE",
+            "ASSETS_DIR",
             "EMPTY_ARRAYS_KEY",
             "NAMING_FILE",
             "ORBAX_METADATA_FILE",
             "find_item",
             "is_checkpoint",
             "is_item",
+            "item_assets",
         ],
+        "jaxshare.formats._msgpack": ["MsgpackFile"],
         "jaxshare.formats._pytorch": [
             "TORCH_SUFFIXES",
             "TorchFile",

@@ -3,7 +3,9 @@
 ``save_pretrained`` writes ``config.json`` and the weights: ``model.safetensors``
 alone, or shards ``model-0000k-of-0000N.safetensors`` listed in
 ``model.safetensors.index.json``; older directories hold ``pytorch_model.bin``
-or ``pytorch_model-0000k-of-0000N.bin`` shards with ``pytorch_model.bin.index.json``.
+or ``pytorch_model-0000k-of-0000N.bin`` shards with ``pytorch_model.bin.index.json``,
+and a Flax model's ``flax_model.msgpack`` or ``flax_model-0000k-of-0000N.msgpack``
+shards with ``flax_model.msgpack.index.json`` (its names ``'/'``-joined Flax paths).
 An index is ``{"metadata": {"total_size": ...}, "weight_map": {name: shard file}}``.
 
 :func:`hf_layout` finds which of these a directory holds, :func:`read_index`
@@ -15,8 +17,10 @@ reads a tensor or imports torch.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +32,20 @@ __all__ = [
     "BIN_WEIGHTS",
     "CONFIG_FILE",
     "DEFAULT_MAX_SHARD_SIZE",
+    "FLAX_INDEX",
+    "FLAX_WEIGHTS",
     "HF_DIRECTORY",
     "INDEX_SUFFIX",
+    "MODEL_ASSETS",
     "SAFE_INDEX",
     "SAFE_WEIGHTS",
     "HFIndex",
     "HFLayout",
+    "ModelFiles",
     "check_not_a_shard",
     "hf_layout",
     "is_hf_directory",
+    "model_files",
     "parse_size",
     "read_index",
     "shard_name",
@@ -48,7 +57,12 @@ SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 BIN_WEIGHTS = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
+FLAX_WEIGHTS = "flax_model.msgpack"
+FLAX_INDEX = "flax_model.msgpack.index.json"
 INDEX_SUFFIX = ".index.json"
+#: The weights files of a directory, in the order a PyTorch loader prefers them:
+#: safetensors, then ``.bin``, then Flax msgpack; an index before a single file.
+_WEIGHT_FILES = (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS, FLAX_INDEX, FLAX_WEIGHTS)
 #: ``save_pretrained``'s default in transformers 5 (1000-based units).
 DEFAULT_MAX_SHARD_SIZE = "50GB"
 #: An index is names and file names; a real one is a few megabytes.
@@ -64,7 +78,7 @@ _UNITS = {
     "MB": 10**6,
     "KB": 10**3,
 }
-_SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.(safetensors|bin)$")
+_SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.(safetensors|bin|msgpack)$")
 _SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 
 
@@ -181,7 +195,7 @@ class HFLayout:
 
     Attributes:
       directory: the directory.
-      flavour: ``"safetensors"`` or ``"bin"``.
+      flavour: ``"safetensors"``, ``"bin"`` or ``"msgpack"``.
       index: the index file, ``None`` for one weights file.
       files: the weight files, in order.
       config: ``config.json``, ``None`` when the directory has none.
@@ -193,15 +207,87 @@ class HFLayout:
     files: tuple[Path, ...]
     config: Path | None
 
+    def model_files(self) -> ModelFiles:
+        """The directory's other files: those that travel with the weights, and the rest."""
+        return model_files(self.directory, {*self.files, *([self.index] if self.index else [])})
+
+
+#: The files of a model directory that travel with its weights (config, generation
+#: config, tokenizer, preprocessor), by name or ``fnmatch`` pattern.
+MODEL_ASSETS = (
+    CONFIG_FILE,
+    "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "feature_extractor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "vocab.*",
+    "vocab-*",
+    "merges.txt",
+    "*.model",  # SentencePiece: spiece.model, sentencepiece.bpe.model, tokenizer.model
+    "*.spm",  # Marian's source.spm, target.spm
+    "*.tiktoken",
+)
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The files of a model directory besides its weights.
+
+    Attributes:
+      assets: ``{file name: path}`` of the files that travel with the weights
+        (:data:`MODEL_ASSETS`), sorted by name: regular files (a link to one, as
+        in the Hugging Face cache, too), copied byte for byte, never parsed.
+      other: the names of everything else beside the weights (``README.md``, a
+        ``modeling_*.py``, subdirectories): listed, never read, run or carried.
+    """
+
+    assets: Mapping[str, Path]
+    other: tuple[str, ...]
+
+
+def model_files(directory: Path, weights: Collection[Path] = ()) -> ModelFiles:
+    """The assets and other files of ``directory`` (its top level), ``weights``
+    (and index files) left out.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for name in ("config.json", "tokenizer.json", "README.md", "model.safetensors"):
+    ...     _ = (d / name).write_text("{}")
+    >>> files = model_files(d, [d / "model.safetensors"])
+    >>> list(files.assets), files.other
+    (['config.json', 'tokenizer.json'], ('README.md',))
+    """
+    assets: dict[str, Path] = {}
+    other: list[str] = []
+    weights = {Path(w).name for w in weights}
+    for path in sorted(directory.iterdir()):
+        name = path.name
+        if name in weights or name.startswith("."):
+            continue
+        if path.is_file() and any(fnmatch.fnmatchcase(name, p) for p in MODEL_ASSETS):
+            assets[name] = path
+        else:
+            other.append(name + ("/" if path.is_dir() else ""))
+    return ModelFiles(assets, tuple(other))
+
 
 def _flavour(name: str) -> str:
-    return "bin" if name.endswith((".bin", ".bin" + INDEX_SUFFIX)) else "safetensors"
+    for flavour in ("bin", "msgpack"):
+        if name.endswith((f".{flavour}", f".{flavour}{INDEX_SUFFIX}")):
+            return flavour
+    return "safetensors"
 
 
 def hf_layout(path: str | os.PathLike) -> HFLayout:
     """The weights of the Hugging Face directory ``path`` (or of the directory
-    of the index file ``path``): safetensors before ``.bin``, as transformers
-    prefers; an index before a single file.
+    of the index file ``path``): safetensors, then ``.bin``, then Flax
+    ``.msgpack``, as a PyTorch loader prefers; within each, an index before a
+    single file.
 
     Raises:
       FileNotFoundError: no such path.
@@ -219,7 +305,7 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
         directory, index = path.parent, path
     else:
         directory = path
-        found = [path / n for n in (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS)]
+        found = [path / n for n in _WEIGHT_FILES]
         found = [p for p in found if p.is_file()]
         if found and not found[0].name.endswith(INDEX_SUFFIX):
             single = found[0]
@@ -231,7 +317,7 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
             if len(others) != 1:
                 raise ValueError(
                     f"{path}: no Hugging Face weights: expected {SAFE_WEIGHTS}, {SAFE_INDEX}, "
-                    f"{BIN_WEIGHTS} or {BIN_INDEX}"
+                    f"{BIN_WEIGHTS}, {BIN_INDEX}, {FLAX_WEIGHTS} or {FLAX_INDEX}"
                     + (f" (found index files {others}; pass the one to read)" if others else "")
                     + "."
                 )
@@ -248,7 +334,8 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
         )
     suffixes = {_flavour(f) for f in parsed.files}
     if len(suffixes) != 1:
-        raise ValueError(f"{index}: lists both .safetensors and .bin shards; expected one kind.")
+        kinds = ", ".join(f".{s}" for s in sorted(suffixes))
+        raise ValueError(f"{index}: lists shards of several kinds ({kinds}); expected one kind.")
     files = tuple(directory / f for f in parsed.files)
     return HFLayout(directory, suffixes.pop(), index, files, config_file)
 
@@ -258,8 +345,7 @@ def is_hf_directory(path: Path) -> bool:
     ``config.json``, or the standard weights or index files)."""
     if not path.is_dir():
         return False
-    names = (CONFIG_FILE, SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS)
-    return any((path / name).is_file() for name in names)
+    return any((path / name).is_file() for name in (CONFIG_FILE, *_WEIGHT_FILES))
 
 
 def shard_of(path: str | os.PathLike) -> Path | None:
@@ -306,8 +392,7 @@ def check_not_a_shard(path: str | os.PathLike) -> None:
 
 
 def _is_output(path: Path) -> bool:
-    weights = (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS)
-    return (path / CONFIG_FILE).is_file() and any((path / name).is_file() for name in weights)
+    return (path / CONFIG_FILE).is_file() and any((path / n).is_file() for n in _WEIGHT_FILES)
 
 
 #: A Hugging Face directory output, for ``atomic_output``: ``force`` replaces only

@@ -6,6 +6,11 @@ Orbax's files, :data:`ALIAS_MAP_FILE` with the alias map in the versioned JSON
 format of :meth:`jaxshare.AliasMap.to_json`. Both are written into Orbax's
 temporary directory and committed together by its rename.
 
+The files that travel with the weights of a model directory (``config.json``,
+the tokenizer's files, ...: its *assets*) are kept as they are, byte for byte,
+in :data:`ASSETS_DIR` inside the item, beside Orbax's files, which Orbax never
+reads.
+
 Zero-size arrays, which Orbax refuses to store, are recorded (shape, dtype and
 array type) in the PyTree checkpoint's custom metadata under
 :data:`EMPTY_ARRAYS_KEY`, so they are committed with the rest.
@@ -14,12 +19,14 @@ array type) in the PyTree checkpoint's custom metadata under
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from jaxshare._output import OutputKind
 
 __all__ = [
     "ALIAS_MAP_FILE",
+    "ASSETS_DIR",
     "EMPTY_ARRAYS_KEY",
     "ITEM",
     "NAMING_FILE",
@@ -27,12 +34,15 @@ __all__ = [
     "find_item",
     "is_checkpoint",
     "is_item",
+    "item_assets",
 ]
 
 ALIAS_MAP_FILE = "jaxshare_alias_map.json"
 #: The naming record of a converted tree (see ``jaxshare.NamingRecord``), when it has one.
 NAMING_FILE = "jaxshare_naming.json"
 EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
+#: The folder of an item's assets: the model directory's files that travel with it.
+ASSETS_DIR = "jaxshare_assets"
 #: Written by every Orbax PyTree checkpoint; marks an item directory.
 ORBAX_METADATA_FILE = "_METADATA"
 
@@ -40,6 +50,34 @@ ORBAX_METADATA_FILE = "_METADATA"
 def is_item(path: Path) -> bool:
     """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare item."""
     return (path / ORBAX_METADATA_FILE).is_file() or (path / ALIAS_MAP_FILE).is_file()
+
+
+def asset_files(assets: Mapping[str, str | os.PathLike | bytes]) -> dict[str, bytes]:
+    """``{path in the item: bytes}`` of ``assets`` (``{file name: path or bytes}``),
+    read now, so an item is written from what the files held when it started.
+
+    Raises:
+      ValueError: a name that is not a plain file name (``'/'``, ``'..'``, a
+        leading dot).
+      FileNotFoundError: a path that is not a file.
+    """
+    files = {}
+    for name, data in assets.items():
+        if not name or name.startswith(".") or "/" in name or "\\" in name:
+            raise ValueError(
+                f"asset {name!r}: an asset is a plain file name (no '/', no leading dot)."
+            )
+        files[f"{ASSETS_DIR}/{name}"] = data if isinstance(data, bytes) else Path(data).read_bytes()
+    return files
+
+
+def item_assets(item_dir: Path) -> dict[str, Path]:
+    """``{file name: path}`` of the assets kept in the item ``item_dir``, sorted
+    (none for an item without them)."""
+    folder = item_dir / ASSETS_DIR
+    if not folder.is_dir():
+        return {}
+    return {p.name: p for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def is_checkpoint(path: Path) -> bool:

@@ -47,7 +47,6 @@ import numpy as np
 
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._mapped import map_file
-from jaxshare._paths import SEP, render_part
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource, file_part
 
@@ -76,15 +75,22 @@ MAX_RECORDS_BYTES = 16 * 2**20
 
 #: numpy's limit on the number of axes.
 _MAX_NDIM = 64
-#: Bytes of Python objects a leaf's record takes besides its path, about.
-_LEAF_COST = 128
+#: Bytes of Python objects a leaf's record takes besides its path, and a string
+#: besides its characters, about.
+_LEAF_COST, _STR_COST = 128, 64
 _CHUNKED = "__msgpack_chunked_array__"
+#: What joins a path's keys (``jaxshare._paths.SEP``, whose module imports JAX when
+#: used, which the formats may not).
+SEP = "/"
+#: A path inside the parser: the keys from the top level down.
+_Keys = tuple[str, ...]
 #: flax's ext type codes (``flax.serialization._MsgpackExtType``).
 _NDARRAY, _COMPLEX, _NPSCALAR = 1, 2, 3
 
 # msgpack type bytes beyond the fixed ranges -> (kind, value) or (kind, struct format).
-_CONSTANTS: dict[int, tuple[str, Any]] = {0xC0: ("nil", None), 0xC2: ("bool", False),
-                                          0xC3: ("bool", True)}  # fmt: skip
+_CONSTANTS: dict[int, tuple[str, Any]] = {
+    0xC0: ("nil", None), 0xC2: ("bool", False), 0xC3: ("bool", True),
+}  # fmt: skip
 _NUMBERS = {
     0xCA: ("float", ">f"), 0xCB: ("float", ">d"),
     0xCC: ("int", ">B"), 0xCD: ("int", ">H"), 0xCE: ("int", ">I"), 0xCF: ("int", ">Q"),
@@ -150,6 +156,7 @@ class _Parser:
         self.data = data.data  # (a memoryview: the file's bytes, not a copy)
         self.pos = 0
         self.end = self.size = len(data)
+        self.inside = False  # within an ext payload, which ends at `end`
         self.budget = self.size + MAX_RECORDS_BYTES
         self.arrays: dict[str, MsgpackEntry] = {}
         self.scalars: dict[str, Any] = {}
@@ -163,16 +170,16 @@ class _Parser:
 
     # -- msgpack values ------------------------------------------------------------------
 
-    def take(self, n: int, what: str) -> int:
+    def take(self, n: int, what: object) -> int:
         """Steps over ``n`` bytes of ``what``; returns where they start."""
         start = self.pos
         if n > self.end - start:
             where = (
-                f"the file ends {self.size - start} bytes later: it is truncated"
-                if self.end == self.size
-                else f"the ext payload it is in ends {self.end - start} bytes later"
+                f"the file ends {_bytes(self.size - start)} later: it is truncated"
+                if not self.inside
+                else f"the ext payload it is in ends {_bytes(self.end - start)} later"
             )
-            raise self.bad(f"{what} needs {n} byte{'' if n == 1 else 's'}, but {where}", start)
+            raise self.bad(f"{what} needs {_bytes(n)}, but {where}", start)
         self.pos = start + n
         return start
 
@@ -208,19 +215,22 @@ class _Parser:
             return "ext", (self.unpack(">b", "an ext type code"), _FIXEXT[b])
         raise self.bad(f"0x{b:02x} is no msgpack type byte", at)
 
-    def text(self, n: int, what: str) -> str:
+    def text(self, n: int, what: object) -> str:
         at = self.take(n, what)
+        self.spend(n + _STR_COST)  # (Before it is decoded.)
         try:
             return bytes(self.data[at : at + n]).decode("utf-8")
         except UnicodeDecodeError:
             raise self.bad(f"{what} is not UTF-8", at) from None
 
     def spend(self, n: int) -> None:
+        """Counts ``n`` bytes of what the parser keeps against its budget."""
         self.budget -= n
         if self.budget < 0:
             raise self.bad(
-                f"its paths and strings would take more than {self.size + MAX_RECORDS_BYTES} "
-                "bytes to record (its size plus MAX_RECORDS_BYTES)"
+                f"its keys, strings and paths would take more than "
+                f"{self.size + MAX_RECORDS_BYTES} bytes to record (its size plus "
+                "MAX_RECORDS_BYTES)"
             )
 
     # -- the tree ------------------------------------------------------------------------
@@ -237,24 +247,27 @@ class _Parser:
             )
         self.tree((), n)
         if self.pos != self.size:
-            raise self.bad(f"{self.size - self.pos} bytes follow the end of the top-level map")
+            raise self.bad(
+                f"the top-level map ends {_bytes(self.size - self.pos)} before the file does"
+            )
         return MsgpackContents(self.path, self.arrays, self.scalars, tuple(self.leaves))
 
-    def key(self, path: tuple[str, ...]) -> str:
+    def key(self, path: _Keys) -> str:
         at = self.pos
         kind, n = self.head()
+        what = _About("a key of the map at {}", path)
         if kind != "str":
+            raise self.bad(f"{what} is {_KINDS[kind]}, not a string", at)
+        key = self.text(n, what)
+        if SEP in key:
             raise self.bad(
-                f"a key of the map at {_where(path)} is {_KINDS[kind]}, not a string", at
+                f"the key {key!r} in the map at {_where(path)} contains {SEP!r}, which joins "
+                "the keys of a path",
+                at,
             )
-        key = self.text(n, f"a key of the map at {_where(path)}")
-        try:
-            render_part(key, (*path, key))
-        except ValueError as e:
-            raise self.bad(str(e).rstrip("."), at) from None
         return key
 
-    def tree(self, path: tuple[str, ...], n: int) -> None:
+    def tree(self, path: _Keys, n: int) -> None:
         """The ``n`` entries of the map at ``path`` (its head read)."""
         if len(path) >= MAX_DEPTH:
             raise self.bad(f"maps nested deeper than {MAX_DEPTH} levels, at {_where(path)}")
@@ -273,7 +286,7 @@ class _Parser:
             seen.add(key)
             self.value((*path, key))
 
-    def value(self, path: tuple[str, ...]) -> None:
+    def value(self, path: _Keys) -> None:
         at = self.pos
         kind, value = self.head()
         if kind == "map":
@@ -288,67 +301,64 @@ class _Parser:
             elif code in (_NDARRAY, _NPSCALAR):
                 entry = self.array(path, n)
                 if code == _NPSCALAR and entry.shape != ():
-                    raise self.bad(
-                        f"the numpy scalar {_render(path)!r} has shape {entry.shape}", at
-                    )
+                    raise self.bad(f"the numpy scalar {_where(path)} has shape {entry.shape}", at)
                 self.leaf(path, entry)
             else:
                 raise self.bad(
-                    f"{_render(path)!r} is of msgpack ext type {code}, which flax does not "
+                    f"{_where(path)} is of msgpack ext type {code}, which flax does not "
                     "write (1: arrays, 2: complex numbers, 3: numpy scalars)",
                     at,
                 )
         elif kind == "array":
             raise self.bad(
-                f"{_render(path)!r} is a msgpack array; flax writes lists and tuples as maps "
+                f"{_where(path)} is a msgpack array; flax writes lists and tuples as maps "
                 "keyed '0', '1', ...",
                 at,
             )
         elif kind == "str":
-            text = self.text(value, f"the string {_render(path)!r}")
-            self.spend(value)
-            self.scalar(path, text)
+            self.scalar(path, self.text(value, _About("the string {}", path)))
         elif kind == "bin":
-            start = self.take(value, f"the bytes {_render(path)!r}")
+            start = self.take(value, _About("the bytes {}", path))
             self.spend(value)
             self.scalar(path, bytes(self.data[start : start + value]))
         else:
             self.scalar(path, value)
 
-    def first_key(self, path: tuple[str, ...]) -> str:
-        start = self.pos
+    def first_key(self, path: _Keys) -> str:
+        """The next key, read again after (and counted once)."""
+        pos, budget = self.pos, self.budget
         key = self.key(path)
-        self.pos = start
+        self.pos, self.budget = pos, budget
         return key
 
-    def record(self, path: tuple[str, ...]) -> str:
+    def record(self, path: _Keys) -> str:
+        self.spend(sum(map(len, path)) + len(path) + _LEAF_COST)  # (Before rendering it.)
         name = SEP.join(path)
-        self.spend(len(name) + _LEAF_COST)
         self.leaves.append(name)
         return name
 
-    def leaf(self, path: tuple[str, ...], entry: MsgpackEntry) -> None:
+    def leaf(self, path: _Keys, entry: MsgpackEntry) -> None:
         self.arrays[self.record(path)] = entry
 
-    def scalar(self, path: tuple[str, ...], value: Any) -> None:
+    def scalar(self, path: _Keys, value: Any) -> None:
         self.scalars[self.record(path)] = value
 
     # -- arrays and complex numbers ------------------------------------------------------
 
-    def payload(self, n: int, what: str) -> int:
-        """Steps into an ext payload of ``n`` bytes; returns where it ends (the
-        caller leaves it with :meth:`leave`)."""
+    def payload(self, n: int, what: object) -> int:
+        """Steps into an ext payload of ``n`` bytes; returns where the outer value
+        ends (the caller leaves the payload with :meth:`leave`)."""
         start = self.take(n, what)
-        outer, self.end, self.pos = self.end, start + n, start
+        outer, self.end, self.pos, self.inside = self.end, start + n, start, True
         return outer
 
-    def leave(self, outer: int, what: str) -> None:
+    def leave(self, outer: int, what: object) -> None:
         if self.pos != self.end:
-            raise self.bad(f"{self.end - self.pos} bytes follow {what} inside its ext payload")
-        self.end = outer
+            raise self.bad(f"{what} ends {_bytes(self.end - self.pos)} before its ext payload")
+        self.end, self.inside = outer, False
 
-    def complex(self, path: tuple[str, ...], n: int) -> complex:
-        what = f"the complex number {_render(path)!r}"
+    def complex(self, path: _Keys, n: int) -> complex:
+        what = _About("the complex number {}", path)
         outer = self.payload(n, what)
         kind, count = self.head()
         parts = [self.head() for _ in range(count)] if kind == "array" and count == 2 else []
@@ -357,50 +367,54 @@ class _Parser:
         self.leave(outer, what)
         return complex(parts[0][1], parts[1][1])
 
-    def array(self, path: tuple[str, ...], n: int) -> MsgpackEntry:
+    def array(self, path: _Keys, n: int) -> MsgpackEntry:
         """An ndarray's ext payload of ``n`` bytes: msgpack ``(shape, dtype, bytes)``."""
-        name = _render(path)
-        outer = self.payload(n, f"the array {name!r}")
+        outer = self.payload(n, _About("the array {}", path))
         at = self.pos
         kind, count = self.head()
         if kind != "array" or count != 3:
-            raise self.bad(f"the array {name!r} is not msgpack (shape, dtype, bytes)", at)
+            raise self.bad(f"the array {_where(path)} is not msgpack (shape, dtype, bytes)", at)
         shape = self.sizes(path, "array")
         at = self.pos
         kind, count = self.head()
         if kind != "str":
-            raise self.bad(f"the dtype of {name!r} is {_KINDS[kind]}, not a name", at)
-        dtype = self.text(count, f"the dtype of {name!r}")
+            raise self.bad(f"the dtype of {_where(path)} is {_KINDS[kind]}, not a name", at)
+        dtype = self.text(count, _About("the dtype of {}", path))
         if dtype not in DTYPES:
             raise self.bad(
-                f"{name!r} has dtype {dtype!r}, not one of the plain numeric dtypes jaxshare "
-                f"reads ({', '.join(sorted(DTYPES))})",
+                f"{_where(path)} has dtype {dtype!r}, not one of the plain numeric dtypes "
+                f"jaxshare reads ({', '.join(sorted(DTYPES))})",
                 at,
             )
         at = self.pos
         kind, size = self.head()
         if kind != "bin":
-            raise self.bad(f"the data of {name!r} is {_KINDS[kind]}, not bytes", at)
+            raise self.bad(f"the data of {_where(path)} is {_KINDS[kind]}, not bytes", at)
         nbytes = math.prod(shape) * itemsize(dtype)
         if size != nbytes:
             raise self.bad(
-                f"{name!r} ({dtype}{list(shape)}) needs {nbytes} bytes, but its data holds {size}",
+                f"{_where(path)} ({dtype}{list(shape)}) needs {nbytes} bytes, but its data "
+                f"holds {size}",
                 at,
             )
-        begin = self.take(size, f"the data of {name!r}")
-        self.leave(outer, f"the data of {name!r}")
+        data = _About("the data of {}", path)
+        begin = self.take(size, data)
+        self.leave(outer, data)
         return MsgpackEntry(shape, dtype, ((begin, begin + size),))
 
-    def sizes(self, path: tuple[str, ...], kind: str) -> tuple[int, ...]:
+    def sizes(self, path: _Keys, kind: str) -> tuple[int, ...]:
         """A shape: a msgpack array of sizes (``kind="array"``), or the map
         ``{"0": d0, ...}`` of a chunked array (``kind="map"``)."""
-        name = _render(path)
         at = self.pos
         found, ndim = self.head()
         if found != kind:
-            raise self.bad(f"the shape of {name!r} is {_KINDS[found]}, not {_KINDS[kind]}", at)
+            raise self.bad(
+                f"the shape of {_where(path)} is {_KINDS[found]}, not {_KINDS[kind]}", at
+            )
         if ndim > _MAX_NDIM:
-            raise self.bad(f"the shape of {name!r} has {ndim} axes, over numpy's {_MAX_NDIM}", at)
+            raise self.bad(
+                f"the shape of {_where(path)} has {ndim} axes, over numpy's {_MAX_NDIM}", at
+            )
         shape = []
         for i in range(ndim):
             if kind == "map":
@@ -408,38 +422,46 @@ class _Parser:
             at = self.pos
             found, size = self.head()
             if found != "int" or size < 0:
-                raise self.bad(f"the shape of {name!r} holds {_KINDS[found]} {size!r}, no size", at)
+                raise self.bad(
+                    f"the shape of {_where(path)} holds {_KINDS[found]} {size!r}, no size", at
+                )
             shape.append(size)
         return tuple(shape)
 
-    def expect(self, path: tuple[str, ...], key: str, what: str) -> None:
+    def expect(self, path: _Keys, key: str, what: str) -> None:
         at = self.pos
         found = self.key(path)
         if found != key:
-            raise self.bad(f"the {what} of the chunked array {_render(path)!r} has the key "
-                           f"{found!r} where flax writes {key!r}", at)  # fmt: skip
+            raise self.bad(
+                f"the {what} of the chunked array {_where(path)} has the key {found!r} where "
+                f"flax writes {key!r}",
+                at,
+            )
 
-    def chunked(self, path: tuple[str, ...], n: int, at: int) -> None:
+    def chunked(self, path: _Keys, n: int, at: int) -> None:
         """A chunked array's map of ``n`` entries (its head read): the marker,
         ``shape`` and ``chunks``, in the order flax writes them."""
-        name = _render(path)
         if n != 3:
             raise self.bad(
-                f"the chunked array {name!r} has {n} entries, not {_CHUNKED!r}, 'shape' and "
-                "'chunks'",
+                f"the chunked array {_where(path)} has {n} entries, not {_CHUNKED!r}, 'shape' "
+                "and 'chunks'",
                 at,
             )
         self.key(path)  # (The marker, already seen.)
         marker_at = self.pos
         if self.head() != ("bool", True):
-            raise self.bad(f"the chunked array {name!r} has a marker that is not true", marker_at)
+            raise self.bad(
+                f"the chunked array {_where(path)} has a marker that is not true", marker_at
+            )
         self.expect(path, "shape", "map")
         shape = self.sizes(path, "map")
         self.expect(path, "chunks", "map")
         chunks_at = self.pos
         kind, count = self.head()
         if kind != "map" or count == 0:
-            raise self.bad(f"the chunks of {name!r} are not a map of one or more arrays", chunks_at)
+            raise self.bad(
+                f"the chunks of {_where(path)} are not a map of one or more arrays", chunks_at
+            )
         ranges: list[tuple[int, int]] = []
         dtype = None
         for i in range(count):
@@ -447,34 +469,49 @@ class _Parser:
             chunk_at = self.pos
             kind, value = self.head()
             if kind != "ext" or value[0] != _NDARRAY:
-                raise self.bad(f"chunk {i} of {name!r} is {_KINDS[kind]}, not an array", chunk_at)
+                raise self.bad(
+                    f"chunk {i} of {_where(path)} is {_KINDS[kind]}, not an array", chunk_at
+                )
             chunk = self.array((*path, str(i)), value[1])
             if len(chunk.shape) != 1 or dtype not in (None, chunk.dtype):
                 raise self.bad(
-                    f"chunk {i} of {name!r} is {chunk.dtype}{list(chunk.shape)}, not a flat "
-                    f"run of {dtype or 'its'} elements",
+                    f"chunk {i} of {_where(path)} is {chunk.dtype}{list(chunk.shape)}, not a "
+                    f"flat run of {dtype or 'its'} elements",
                     chunk_at,
                 )
             dtype = chunk.dtype
             self.spend(_LEAF_COST)
             ranges.extend(chunk.ranges)
         assert dtype is not None
-        count = sum(end - begin for begin, end in ranges) // itemsize(dtype)
-        if count != math.prod(shape):
+        elements = sum(end - begin for begin, end in ranges) // itemsize(dtype)
+        if elements != math.prod(shape):
             raise self.bad(
-                f"the chunks of {name!r} hold {count} elements, but its shape {list(shape)} "
-                f"needs {math.prod(shape)}",
+                f"the chunks of {_where(path)} hold {elements} elements, but its shape "
+                f"{list(shape)} needs {math.prod(shape)}",
                 chunks_at,
             )
         self.leaf(path, MsgpackEntry(shape, dtype, tuple(ranges), chunked=True))
 
 
-def _render(path: tuple[str, ...]) -> str:
-    return SEP.join(path)
+@dataclass(frozen=True, slots=True)
+class _About:
+    """What a message is about, naming a path: rendered only when a message is made
+    (a path may be long, and most values are never refused)."""
+
+    template: str
+    path: _Keys
+
+    def __str__(self) -> str:
+        return self.template.format(_where(self.path))
 
 
-def _where(path: tuple[str, ...]) -> str:
-    return repr(_render(path)) if path else "the top level"
+def _bytes(n: int) -> str:
+    return f"{n} byte" if n == 1 else f"{n} bytes"
+
+
+def _where(path: _Keys) -> str:
+    """A path in a message: quoted, or "the top level"."""
+    return repr(SEP.join(path)) if path else "the top level"
 
 
 def _read(path: Path) -> tuple[MsgpackContents, np.ndarray]:
@@ -550,23 +587,22 @@ class MsgpackFile(TensorSource):
         if self._map is None:
             raise ValueError(f"{self.path}: the file is closed.")
         dtype = numpy_dtype(entry.dtype)
-        return [
-            np.frombuffer(self._map, dtype, count=(end - begin) // dtype.itemsize, offset=begin)
-            if end > begin
-            else np.zeros(0, dtype)
-            for begin, end in entry.ranges
-        ]
+        return [self._map[begin:end].view(dtype) for begin, end in entry.ranges]
 
     def read(self, name: str) -> np.ndarray:
+        """The array ``name`` (see :meth:`array`)."""
         return self.array(name)
 
     def array(self, name: str) -> np.ndarray:
-        """The array ``name``: a read-only view of the file's pages, or for a
+        """The array ``name``, read-only: a view of the file's pages, or for a
         chunked array of several chunks, its chunks joined."""
         entry = self._entry(name)
         views = self._views(entry)
-        flat = views[0] if len(views) == 1 else np.concatenate(views)
-        return flat.reshape(entry.shape)
+        if len(views) == 1:
+            return views[0].reshape(entry.shape)
+        joined = np.concatenate(views).reshape(entry.shape)
+        joined.flags.writeable = False  # (As every array of the file.)
+        return joined
 
     def blocks(self, name: str) -> Iterator[np.ndarray]:
         """The array ``name`` in C order: the whole array, or a chunked array's
@@ -578,12 +614,15 @@ class MsgpackFile(TensorSource):
         yield from self._views(entry)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
+        """``array(name)[index]``, copied out of the pages it covers (of a chunked
+        array, out of the chunks under the rows it selects)."""
         entry = self._entry(name)
         if len(entry.ranges) == 1 or not entry.shape:
             return np.array(self.array(name)[index])
         return _chunked_slice(self._views(entry), entry.shape, index)
 
     def close(self) -> None:
+        """Drops this source's map of the file; arrays already returned stay valid."""
         self._map = None
 
 

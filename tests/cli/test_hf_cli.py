@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -114,14 +115,19 @@ def test_to_orbax_and_back(hf, models, kind, tmp_path, capsys):
     assert tree_hash(hf[kind]) == before
 
 
-def test_a_plain_orbax_checkpoint_is_named_after_the_config(hf, models, tmp_path):
+def test_a_plain_orbax_checkpoint_is_named_after_the_config(hf, models, tmp_path, capsys):
     import bridge
     from jaxshare import checkpoint
 
     variables, _ = bridge.to_flax(hf["gpt2"])
     checkpoint.save(tmp_path / "plain", variables)  # No naming record.
     out = tmp_path / "out"
-    assert run("convert", "--quiet", tmp_path / "plain", out, "--config", hf["gpt2"]) == 0
+    with warnings.catch_warnings():  # (The command shows each warning as one line.)
+        warnings.simplefilter("always")
+        assert run("convert", "--quiet", tmp_path / "plain", out, "--config", hf["gpt2"]) == 0
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("jaxshare convert: warning: ") and "'lm_head.weight' (from" in line
+    assert "is left out: config.json ties it to 'transformer.wte.weight'" in line
     assert_loads(out, models["gpt2"])
 
 
@@ -167,8 +173,9 @@ def test_deepspeed_folder_to_a_directory(tmp_path):
 
 
 def test_an_output_needs_a_config(hf, tmp_path, capsys):
-    ckpt = tmp_path / "ckpt"
-    assert run("convert", "--quiet", hf["gpt2"], ckpt) == 0
+    ckpt, file = tmp_path / "ckpt", tmp_path / "w.safetensors"
+    assert run("convert", "--quiet", hf["gpt2"], file) == 0
+    assert run("convert", "--quiet", file, ckpt) == 0  # A weights file: no config.json kept.
     assert run("convert", "--quiet", "--format", "hf", ckpt, tmp_path / "out") == 2
     assert "needs a config.json: pass --config" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -72,6 +72,7 @@ TORCH_FREE = sorted(
     {"FORMATS", "NAMES", "DEFAULT_LAYERS", "DEFAULT_LAYER_NAMES", "DEFAULT_RULES", "Rule", "Rules"}
     | {"FlaxPlan", "TorchPlan", "HFDirectory", "convert", "inspect", "open_source", "save_hf"}
     | {"flax_alias_map", "flax_plan", "to_flax", "torch_alias_map", "torch_plan"}
+    | {"LAYOUTS", "Layout", "detect_layout"}
 )
 
 

@@ -25,12 +25,18 @@ id) the script builds a tiny config in code, instantiates the Flax class with
   same with ``max_shard_size="50KB"`` (msgpack shards and their index).
 
 It also writes ``manifest.json`` (per id: classes, model type, input and output names,
-``tie_word_embeddings``) and ``make_fixtures.log`` (versions, and per id the number of
-Flax leaves and the PyTorch names that the default PyTorch -> Flax renaming does not
-find among them). Everything but the log's ``time:`` lines is byte-identical from run
-to run. Nothing is downloaded. Run from the repository root (``make flax-fixtures``)::
+``tie_word_embeddings``) and ``make_fixtures.log``: versions and shims, and per id the
+number of Flax leaves, the PyTorch names that the default PyTorch -> Flax renaming
+(``.`` -> ``/``; ``weight`` -> ``kernel``, ``embedding``, ``scale`` or ``weight``) does not
+find among them and the reverse, the renamings it found, counted by kind and shape
+relation, and the sizes of the ``save_pretrained`` folders. Everything but the log's
+``time:`` lines is byte-identical from run to run. Nothing is downloaded. Run from the
+repository root (``make flax-fixtures``)::
 
     HF_HUB_OFFLINE=1 .venv-bench/bin/python tests/data/transformers_flax/make_fixtures.py
+
+Given ids as arguments (``... make_fixtures.py gpt2 t5``) it rebuilds those folders
+only; the manifest keeps the other ids' entries and the log covers that run.
 
 Shims (jax 0.10 against transformers 4.57's Flax code), installed before transformers
 is imported and only inside this process:
@@ -59,8 +65,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
-# Sizes shared by the tiny configs; no two of them are equal, so a transposed kernel
-# is told from an untransposed one by its shape wherever the matrix is not square.
+# Sizes shared by the tiny configs. Hidden size, intermediate size, vocabulary and
+# positions all differ, so a transposed kernel is told from an untransposed one by its
+# shape wherever the matrix is not square (attention projections are).
 HIDDEN = 16
 HEADS = 2
 LAYERS = 2
@@ -129,7 +136,23 @@ class Spec:
     config: Mapping[str, Any] = field(default_factory=dict)
     #: "flax_model" and "flax_model_sharded": also write the Flax model's save_pretrained.
     saves: tuple[str, ...] = ()
+    #: Integer inputs passed as zeros, of the shape of ``input_ids``, where the Flax class's
+    #: default differs from the PyTorch class's.
+    zeros: tuple[str, ...] = ()
+    #: ``(head kernel, embedding)``: the head's kernel set to the embedding transposed,
+    #: as ``from_pretrained(..., from_pt=True)`` of a tied PyTorch checkpoint makes it.
+    head_from_embedding: tuple[str, str] | None = None
 
+
+#: GPT-2's and GPT-J's config names for the sizes.
+GPT2_SIZES = {
+    "vocab_size": VOCAB,
+    "n_positions": POSITIONS,
+    "n_embd": HIDDEN,
+    "n_layer": LAYERS,
+    "n_head": HEADS,
+    "n_inner": INTERMEDIATE,
+}
 
 SPECS: dict[str, Spec] = {
     "gpt2": Spec(
@@ -137,8 +160,7 @@ SPECS: dict[str, Spec] = {
         "FlaxGPT2LMHeadModel",
         "GPT2LMHeadModel",
         "text",
-        {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": LAYERS,
-         "n_head": HEADS, "n_inner": INTERMEDIATE},  # fmt: skip
+        GPT2_SIZES,
         saves=("flax_model",),
     ),
     "gpt_neo": Spec(
@@ -146,26 +168,38 @@ SPECS: dict[str, Spec] = {
         "FlaxGPTNeoForCausalLM",
         "GPTNeoForCausalLM",
         "text",
-        {"vocab_size": VOCAB, "max_position_embeddings": POSITIONS, "hidden_size": HIDDEN,
-         "num_layers": LAYERS, "num_heads": HEADS, "intermediate_size": INTERMEDIATE,
-         "attention_types": [[["global", "local"], 1]], "window_size": 4},  # fmt: skip
+        {
+            "vocab_size": VOCAB,
+            "max_position_embeddings": POSITIONS,
+            "hidden_size": HIDDEN,
+            "num_layers": LAYERS,
+            "num_heads": HEADS,
+            "intermediate_size": INTERMEDIATE,
+            "attention_types": [[["global", "local"], 1]],
+            "window_size": 4,
+        },
     ),
     "gptj": Spec(
         "GPTJConfig",
         "FlaxGPTJForCausalLM",
         "GPTJForCausalLM",
         "text",
-        {"vocab_size": VOCAB, "n_positions": POSITIONS, "n_embd": HIDDEN, "n_layer": LAYERS,
-         "n_head": HEADS, "n_inner": INTERMEDIATE, "rotary_dim": 4},  # fmt: skip
+        {**GPT2_SIZES, "rotary_dim": 4},
     ),
     "opt": Spec(
         "OPTConfig",
         "FlaxOPTForCausalLM",
         "OPTForCausalLM",
         "text",
-        {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
-         "num_attention_heads": HEADS, "ffn_dim": INTERMEDIATE,
-         "max_position_embeddings": POSITIONS, "word_embed_proj_dim": HIDDEN},  # fmt: skip
+        {
+            "vocab_size": VOCAB,
+            "hidden_size": HIDDEN,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": HEADS,
+            "ffn_dim": INTERMEDIATE,
+            "max_position_embeddings": POSITIONS,
+            "word_embed_proj_dim": HIDDEN,
+        },
     ),
     "bloom": Spec(
         "BloomConfig",
@@ -174,6 +208,10 @@ SPECS: dict[str, Spec] = {
         "text",
         {"vocab_size": VOCAB, "hidden_size": HIDDEN, "n_layer": LAYERS, "n_head": HEADS},
     ),
+    # FlaxLlamaForCausalLM (and Mistral's) never reads tie_word_embeddings: its lm_head
+    # is a leaf of its own even here, where the PyTorch class ties it to embed_tokens.
+    # A Flax Llama of a tied checkpoint (Llama 3.2 1B) holds the embedding transposed
+    # there, as `from_pt=True` writes it: so does this one.
     "llama": Spec(
         "LlamaConfig",
         "FlaxLlamaForCausalLM",
@@ -181,6 +219,7 @@ SPECS: dict[str, Spec] = {
         "text",
         {**LM, "num_key_value_heads": HEADS, "tie_word_embeddings": True},
         saves=("flax_model",),
+        head_from_embedding=("lm_head/kernel", "model/embed_tokens/embedding"),
     ),
     "llama_untied": Spec(
         "LlamaConfig",
@@ -224,8 +263,12 @@ SPECS: dict[str, Spec] = {
         "FlaxMarianMTModel",
         "MarianMTModel",
         "seq2seq",
-        {**BART, "pad_token_id": VOCAB - 1, "decoder_start_token_id": VOCAB - 1,
-         "eos_token_id": 0},  # fmt: skip
+        {
+            **BART,
+            "pad_token_id": VOCAB - 1,
+            "decoder_start_token_id": VOCAB - 1,
+            "eos_token_id": 0,
+        },
     ),
     "pegasus": Spec(
         "PegasusConfig",
@@ -234,17 +277,23 @@ SPECS: dict[str, Spec] = {
         "seq2seq",
         BART,
     ),
-    "t5": Spec("T5Config", "FlaxT5ForConditionalGeneration", "T5ForConditionalGeneration",
-               "seq2seq", T5),  # fmt: skip
-    "mt5": Spec("MT5Config", "FlaxMT5ForConditionalGeneration", "MT5ForConditionalGeneration",
-                "seq2seq", T5),  # fmt: skip
+    "t5": Spec(
+        "T5Config", "FlaxT5ForConditionalGeneration", "T5ForConditionalGeneration", "seq2seq", T5
+    ),
+    "mt5": Spec(
+        "MT5Config", "FlaxMT5ForConditionalGeneration", "MT5ForConditionalGeneration", "seq2seq", T5
+    ),
     "longt5": Spec(
         "LongT5Config",
         "FlaxLongT5ForConditionalGeneration",
         "LongT5ForConditionalGeneration",
         "seq2seq",
-        {**T5, "encoder_attention_type": "transient-global", "local_radius": 3,
-         "global_block_size": 4},  # fmt: skip
+        {
+            **T5,
+            "encoder_attention_type": "transient-global",
+            "local_radius": 3,
+            "global_block_size": 4,
+        },
     ),
     "bert": Spec("BertConfig", "FlaxBertForMaskedLM", "BertForMaskedLM", "text", LM),
     "roberta": Spec("RobertaConfig", "FlaxRobertaForMaskedLM", "RobertaForMaskedLM", "text", LM),
@@ -257,6 +306,8 @@ SPECS: dict[str, Spec] = {
         "ElectraForMaskedLM",
         "text",
         {**LM, "embedding_size": HIDDEN // 2},
+        # FlaxElectraForMaskedLM.__call__ defaults token_type_ids to ones, PyTorch to zeros.
+        zeros=("token_type_ids",),
     ),
     "albert": Spec(
         "AlbertConfig",
@@ -270,8 +321,14 @@ SPECS: dict[str, Spec] = {
         "FlaxDistilBertForMaskedLM",
         "DistilBertForMaskedLM",
         "text",
-        {"vocab_size": VOCAB, "dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS,
-         "hidden_dim": INTERMEDIATE, "max_position_embeddings": POSITIONS},  # fmt: skip
+        {
+            "vocab_size": VOCAB,
+            "dim": HIDDEN,
+            "n_layers": LAYERS,
+            "n_heads": HEADS,
+            "hidden_dim": INTERMEDIATE,
+            "max_position_embeddings": POSITIONS,
+        },
     ),
     "big_bird": Spec(
         "BigBirdConfig",
@@ -287,11 +344,18 @@ SPECS: dict[str, Spec] = {
         "FlaxWhisperForConditionalGeneration",
         "WhisperForConditionalGeneration",
         "speech",
-        {**BART, "num_mel_bins": 40, "max_source_positions": 24,
-         "max_target_positions": POSITIONS, "pad_token_id": VOCAB - 3,
-         "bos_token_id": VOCAB - 2, "eos_token_id": VOCAB - 2,
-         "decoder_start_token_id": VOCAB - 1, "suppress_tokens": None,
-         "begin_suppress_tokens": None},  # fmt: skip
+        {
+            **BART,
+            "num_mel_bins": 40,
+            "max_source_positions": 24,
+            "max_target_positions": POSITIONS,
+            "pad_token_id": VOCAB - 3,
+            "bos_token_id": VOCAB - 2,
+            "eos_token_id": VOCAB - 2,
+            "decoder_start_token_id": VOCAB - 1,
+            "suppress_tokens": None,
+            "begin_suppress_tokens": None,
+        },
     ),
     "vit": Spec(
         "ViTConfig",
@@ -312,14 +376,6 @@ SPECS: dict[str, Spec] = {
             "projection_dim": HIDDEN // 2,
         },
     ),
-}
-
-INPUTS = {
-    "text": ["input_ids", "attention_mask"],
-    "seq2seq": ["input_ids", "attention_mask", "decoder_input_ids"],
-    "speech": ["input_features", "decoder_input_ids"],
-    "image": ["pixel_values"],
-    "text-image": ["input_ids", "pixel_values"],
 }
 
 
@@ -357,6 +413,8 @@ def make_inputs(spec: Spec, config: Any) -> dict[str, np.ndarray]:
         inputs["input_ids"] = ids.astype(np.int32)
     if spec.kind in ("text", "seq2seq"):
         inputs["attention_mask"] = np.ones((1, SEQ_LEN), dtype=np.int32)
+    for name in spec.zeros:
+        inputs[name] = np.zeros((1, SEQ_LEN), dtype=np.int32)
     if spec.kind == "speech":
         shape = (1, config.num_mel_bins, 2 * config.max_source_positions)
         inputs["input_features"] = rng.standard_normal(shape).astype(np.float32)
@@ -376,8 +434,11 @@ def outputs_of(spec: Spec, result: Any) -> dict[str, np.ndarray]:
     return {name: np.asarray(getattr(result, name), dtype=np.float32) for name in names}
 
 
-def torch_names(torch_class: Any, config: Any) -> dict[str, Any]:
-    """The PyTorch model's ``state_dict()`` names and shapes, and the names it ties."""
+def torch_names(torch_class: Any, config: Any) -> tuple[dict[str, Any], list[str]]:
+    """The PyTorch model's ``state_dict()`` names and shapes, and the names it ties.
+
+    Returns the ``torch_names.json`` record and the class's ``_tied_weights_keys``.
+    """
     import torch
 
     with torch.device("meta"):
@@ -393,11 +454,11 @@ def torch_names(torch_class: Any, config: Any) -> dict[str, Any]:
             tied[name] = canonical[key]
         else:
             canonical[key] = name
-    return {
+    record = {
         "names": [[name, list(tensor.shape)] for name, tensor in state.items()],
         "tied": tied,
-        "_tied_weights_keys": list(getattr(model, "_tied_weights_keys", None) or []),
     }
+    return record, list(getattr(model, "_tied_weights_keys", None) or [])
 
 
 def flax_candidates(torch_name: str) -> list[str]:
@@ -420,27 +481,36 @@ def shape_relation(torch_shape: list[int], flax_shape: list[int]) -> str:
 
 
 def compare(
-    names: list[list[Any]], flax_shapes: dict[str, list[int]], log: Callable[[str], None]
+    record: dict[str, Any], flax_shapes: dict[str, list[int]], log: Callable[[str], None]
 ) -> None:
-    """Logs the PyTorch names with no Flax leaf by the default renaming, and the reverse."""
+    """Logs the PyTorch names with no Flax leaf by the default renaming, and the reverse.
+
+    Also logs the PyTorch aliases that the Flax tree holds as leaves of their own (the
+    Flax class does not tie them), and counts the renamings found, by leaf name and shape
+    relation (``weight -> kernel: transposed``), with the first PyTorch name of each.
+    """
     found: set[str] = set()
     missing = []
-    unusual = []
-    for name, shape in names:
+    untied = []
+    renamings: dict[str, list[str]] = {}
+    for name, shape in record["names"]:
         match = [path for path in flax_candidates(name) if path in flax_shapes]
         if not match:
             missing.append(f"{name} {shape}")
             continue
+        if name in record["tied"]:
+            untied.append(f"{name} -> {match[0]}")
         found.add(match[0])
         relation = shape_relation(shape, flax_shapes[match[0]])
         leaf = match[0].rsplit("/", 1)[-1]
-        if relation.startswith("other") or (leaf == "kernel" and relation == "same"):
-            unusual.append(f"{name} -> {match[0]}: {relation}")
+        renamings.setdefault(f"{name.rsplit('.', 1)[-1]} -> {leaf}: {relation}", []).append(name)
     log(f"  torch names with no Flax leaf by the default renaming: {missing or 'none'}")
     extra = [f"{path} {shape}" for path, shape in flax_shapes.items() if path not in found]
     log(f"  Flax leaves no torch name renames to: {extra or 'none'}")
-    if unusual:
-        log(f"  kernels not transposed from the torch weight: {unusual}")
+    if untied:
+        log(f"  tied in PyTorch, yet a Flax leaf of its own (Flax does not tie it): {untied}")
+    for renaming, examples in sorted(renamings.items()):
+        log(f"    {renaming} x{len(examples)} (e.g. {examples[0]})")
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -465,7 +535,15 @@ def build(name: str, spec: Spec, log: Callable[[str], None]) -> dict[str, Any]:
 
     model = getattr(transformers, spec.flax_class)(config, seed=SEED, dtype=jax.numpy.float32)
     params = model.params
-    flat = {path: np.asarray(leaf, dtype=np.float32) for path, leaf in flatten_dict(params, sep="/").items()}  # fmt: skip
+    if spec.head_from_embedding is not None:
+        from flax.traverse_util import unflatten_dict
+
+        head, embedding = spec.head_from_embedding
+        flat = flatten_dict(params, sep="/")
+        flat[head] = flat[embedding].T
+        model.params = params = unflatten_dict(flat, sep="/")
+    flat = flatten_dict(params, sep="/")
+    flat = {path: np.asarray(leaf, dtype=np.float32) for path, leaf in flat.items()}
     save_file(flat, root / "params.safetensors", metadata={"format": "flax"})
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)
     paths = [
@@ -479,23 +557,25 @@ def build(name: str, spec: Spec, log: Callable[[str], None]) -> dict[str, Any]:
     outputs = outputs_of(spec, model(**inputs))
     save_file(outputs, root / "logits.safetensors")
 
-    record = torch_names(getattr(transformers, spec.torch_class), config)
-    tied_keys = record.pop("_tied_weights_keys")
+    record, tied_keys = torch_names(getattr(transformers, spec.torch_class), config)
     write_json(root / "torch_names.json", record)
 
+    log(
+        f"{name}: {spec.flax_class}, {len(paths)} Flax leaves, "
+        f"{len(record['names'])} torch names, tied {record['tied'] or 'none'}"
+    )
+    # _tied_weights_keys may be relative to the base model ("encoder.embed_tokens.weight").
+    aliases = record["tied"]
+    untied = [k for k in tied_keys if not any(a == k or a.endswith(f".{k}") for a in aliases)]
+    if untied:
+        log(f"  _tied_weights_keys the model does not tie: {untied}")
+    compare(record, {path: shape for path, shape, _ in paths}, log)
     for save in spec.saves:
         shard = {"max_shard_size": "50KB"} if save == "flax_model_sharded" else {}
         model.save_pretrained(root / save, **shard)
         files = sorted(root.joinpath(save).iterdir())
         sizes = ", ".join(f"{p.name} {p.stat().st_size} B" for p in files)
         log(f"  {save}/: {sizes}")
-
-    log(f"{name}: {spec.flax_class}, {len(paths)} Flax leaves, "
-        f"{len(record['names'])} torch names, tied {record['tied'] or 'none'}")  # fmt: skip
-    untied = [key for key in tied_keys if key not in record["tied"]]
-    if untied:
-        log(f"  _tied_weights_keys the model does not tie: {untied}")
-    compare(record["names"], {path: shape for path, shape, _ in paths}, log)
     log(f"  time: {time.perf_counter() - start:.1f} s")
     return {
         "flax_class": spec.flax_class,
@@ -508,6 +588,10 @@ def build(name: str, spec: Spec, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def main(names: list[str]) -> None:
+    """Writes the fixtures of ``names`` (ids of ``SPECS``), the manifest and the log."""
+    unknown = [name for name in names if name not in SPECS]
+    if unknown:
+        raise SystemExit(f"unknown ids {unknown}; expected some of {list(SPECS)}")
     os.environ["HF_HUB_OFFLINE"] = "1"
     shims = install_jax_shims()
     import flax
@@ -523,9 +607,13 @@ def main(names: list[str]) -> None:
     log(f"transformers {transformers.__version__}, flax {flax.__version__}, jax {jax.__version__}")
     log(f"shims: {shims or 'none'}")
     start = time.perf_counter()
-    manifest = {name: build(name, SPECS[name], log) for name in names}
+    built = {name: build(name, SPECS[name], log) for name in names}
     log(f"time: {time.perf_counter() - start:.1f} s")
-    write_json(HERE / "manifest.json", manifest)
+    # A run for some ids only keeps the other ids' entries.
+    manifest_path = HERE / "manifest.json"
+    old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = {name: built.get(name, old.get(name)) for name in SPECS}
+    write_json(manifest_path, {name: entry for name, entry in manifest.items() if entry})
     (HERE / "make_fixtures.log").write_text("\n".join(lines) + "\n")
 
 

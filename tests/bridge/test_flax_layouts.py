@@ -1,0 +1,554 @@
+"""The ``transformers-flax`` layout is exactly the ``params`` of transformers 4.57's Flax
+models, proved on a zoo of architectures.
+
+The fixtures (``tests/data/transformers_flax/<id>/``, made by ``make_fixtures.py``
+with transformers 4.57) hold each Flax model's params, their tree, inputs and
+outputs; this test venv has transformers 5 and PyTorch only. Each route is checked
+against them, read at test time:
+
+- a transformers 5 directory placed in the layout gives exactly the Flax tree,
+  with the heads the Flax port computes (GPT-2's ``lm_head``, BERT's decoder) as
+  aliases, by the library and through ``jaxshare convert`` into an Orbax item a plain
+  Orbax restore reads;
+- the Flax params in a plain Orbax item convert to a directory transformers 5 loads
+  with no missing or unexpected keys and the Flax model's outputs, holding exactly
+  the names ``save_pretrained`` writes;
+- directory -> item -> directory is bit exact;
+- what a family's Flax port does otherwise (:data:`QUIRKS`) comes out as its one
+  warning, and a tree that fits no layout is one line naming the leaf.
+
+A parameter registered twice under one parent (``self.b = self.a``) gets a Flax name
+of its own and comes back as one tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+from safetensors.numpy import load_file
+from safetensors.torch import load_file as load_tensors
+from torch import nn
+
+import bridge
+from jaxshare.cli import main
+from jaxshare.internal import nest
+
+transformers = pytest.importorskip("transformers")
+
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "transformers_flax"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+IDS = sorted(MANIFEST)
+TOLERANCE = 1e-5  # max |Δ| between transformers 5's outputs and the Flax model's
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """What a family's Flax port does otherwise than the plain rule, by PyTorch name.
+
+    Attributes:
+      computed: tensors the Flax port computes (no leaf): written back from their
+        formula, equal to transformers 5's own.
+      unused: tensors the PyTorch class has and does not use, the Flax port lacks:
+        no leaf, and missing from the directory written back.
+      extra: tensors the directory written from the Flax params holds that
+        ``save_pretrained`` leaves out.
+      untied: tensors transformers 5 ties in a new model but loads as tensors of
+        their own from that directory, where their values differ.
+      retied: Flax leaves of the fixture's tree that a transformers 5 directory's
+        tree lacks, as transformers 5 writes its config tied whatever it was given
+        (so that directory's Flax model computes them).
+      to_flax_warns: what the one warning of directory -> layout says (none if empty).
+      to_hf_warns: what the one warning of Flax params -> directory says.
+      back_warns: what the one warning of layout item -> directory says.
+    """
+
+    computed: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    untied: tuple[str, ...] = ()
+    retied: tuple[str, ...] = ()
+    to_flax_warns: tuple[str, ...] = ()
+    to_hf_warns: tuple[str, ...] = ()
+    back_warns: tuple[str, ...] = ()
+
+
+POOLER = ("bert.pooler.weight", "bert.pooler.bias")
+SAME_HEAD = ("'lm_head.weight'", "is left out", "same values")
+QUIRKS = {
+    # Sinusoidal positions: Flax Pegasus computes them.
+    "pegasus": Quirk(
+        computed=("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
+    ),
+    # BigBirdForMaskedLM's pooler is unused; FlaxBigBirdForMaskedLM has none.
+    "big_bird": Quirk(unused=POOLER, to_flax_warns=POOLER, to_hf_warns=POOLER, back_warns=POOLER),
+    # Flax Llama holds its head as a leaf even when tied; transformers ties it on load.
+    "llama": Quirk(to_hf_warns=SAME_HEAD, back_warns=SAME_HEAD),
+    # transformers 5 ties mT5's head whatever config.json says, but for a file that
+    # holds both with values of their own: Flax mT5's own head.
+    "mt5": Quirk(
+        extra=("lm_head.weight",),
+        untied=("lm_head.weight",),
+        retied=("lm_head/kernel",),
+        to_hf_warns=("tie_word_embeddings: false",),
+    ),
+}
+
+#: The heads the Flax ports compute from another leaf, spelled out for a few models.
+IMPLICIT_TIES = {
+    "gpt2": {"lm_head/kernel": "transformer/wte/embedding"},
+    "bart": {
+        "lm_head/kernel": "model/shared/embedding",
+        "model/encoder/embed_tokens/embedding": "model/shared/embedding",
+        "model/decoder/embed_tokens/embedding": "model/shared/embedding",
+    },
+    "bert": {
+        "cls/predictions/decoder/kernel": "bert/embeddings/word_embeddings/embedding",
+        "cls/predictions/decoder/bias": "cls/predictions/bias",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    """A transformers 5 model of a fixture's config and its ``save_pretrained`` directory."""
+
+    model: nn.Module
+    directory: Path
+
+
+def quirk(name: str) -> Quirk:
+    return QUIRKS.get(name, Quirk())
+
+
+def flax_tree(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The fixture's Flax params tree: ``{path: (shape, dtype)}``."""
+    paths = json.loads((FIXTURES / name / "tree.json").read_text())["paths"]
+    return {path: (tuple(shape), dtype) for path, shape, dtype in paths}
+
+
+def directory_tree(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The Flax params tree of the transformers 5 directory of fixture ``name``."""
+    return {p: leaf for p, leaf in flax_tree(name).items() if p not in quirk(name).retied}
+
+
+def shapes(leaves: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {path: (tuple(leaf.shape), str(leaf.dtype)) for path, leaf in leaves.items()}
+
+
+def tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face directory's safetensors files, by name."""
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        out.update(load_tensors(file))
+    return out
+
+
+def save_plain(params: dict[str, np.ndarray], item: Path) -> Path:
+    """``'/'``-joined params as a plain Orbax item: no naming record, no alias map."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(item.absolute(), nest(params))
+    return item
+
+
+def convert(*argv: object) -> tuple[int, list[str]]:
+    """``jaxshare convert --quiet *argv``: its exit status and stderr lines, every
+    warning shown (the command writes each as one line)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        status = main(["convert", "--quiet", *map(str, argv)])
+    return status, err.getvalue().splitlines()
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[list[str]]:
+    """The messages of the warnings raised inside, every one a ``UserWarning``."""
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield messages
+    assert all(issubclass(w.category, UserWarning) for w in caught), caught
+    messages.extend(str(w.message) for w in caught)
+
+
+def assert_warned(messages: list[str], says: tuple[str, ...], prefix: str = "") -> None:
+    """One warning, saying each of ``says``, when there is anything to say; else none."""
+    if not says:
+        assert messages == []
+        return
+    assert len(messages) == 1, f"expected one warning saying {says}; got {messages}"
+    (message,) = messages
+    assert message.startswith(prefix), message
+    for part in says:
+        assert part in message, (part, message)
+
+
+def shown(lines: list[str], says: tuple[str, ...]) -> None:
+    assert_warned(lines, says, prefix="jaxshare convert: warning: ")
+
+
+def tie_groups(model: nn.Module) -> set[frozenset[str]]:
+    groups: dict[str, set[str]] = {}
+    for alias, canonical in bridge.shared_params(model).items():
+        groups.setdefault(canonical, {canonical}).add(alias)
+    return {frozenset(group) for group in groups.values()}
+
+
+def outputs(model: nn.Module, name: str) -> dict[str, np.ndarray]:
+    """The model's outputs the manifest names, on the fixture's inputs."""
+    inputs = {
+        k: torch.from_numpy(v).long() if v.dtype.kind == "i" else torch.from_numpy(v)
+        for k, v in load_file(FIXTURES / name / "inputs.safetensors").items()
+    }
+    assert sorted(inputs) == sorted(MANIFEST[name]["inputs"])
+    with torch.no_grad():
+        out = model(**inputs)
+    return {key: getattr(out, key).numpy() for key in MANIFEST[name]["outputs"]}
+
+
+@pytest.fixture(scope="session")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
+    """``hf(name)``: the transformers 5 model of fixture ``name``'s config (seed 0),
+    built and saved once per session."""
+    root = tmp_path_factory.mktemp("hf")
+
+    @functools.cache
+    def build(name: str) -> Built:
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.from_pretrained(FIXTURES / name)
+        model = getattr(transformers, MANIFEST[name]["torch_class"])(config).eval()
+        model.save_pretrained(root / name)
+        return Built(model, root / name)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def item(hf, tmp_path_factory) -> Callable[[str], tuple[Path, list[str]]]:
+    """``item(name)``: ``jaxshare convert HF_DIR ITEM --layout transformers-flax``, run
+    once per session; the item and the command's stderr lines."""
+    root = tmp_path_factory.mktemp("item")
+
+    @functools.cache
+    def make(name: str) -> tuple[Path, list[str]]:
+        status, err = convert(hf(name).directory, root / name, "--layout", "transformers-flax")
+        assert status == 0, err
+        return root / name, err
+
+    return make
+
+
+# -- transformers 5 directory -> the Flax params tree ---------------------------------
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_directory_to_layout_is_the_flax_tree(hf, flat, name):
+    built = hf(name)
+    with recorded() as messages:
+        variables, aliases = bridge.to_flax(built.directory, layout="transformers-flax")
+    assert_warned(messages, quirk(name).to_flax_warns)
+    leaves = flat(variables)
+    assert shapes(leaves) == directory_tree(name)
+    assert not set(aliases) & set(leaves)  # An alias has no leaf...
+    assert set(aliases.values()) <= set(leaves)  # ...its canonical has.
+    # Every tensor of the directory or tied to one is a leaf or an alias, but what
+    # the Flax port lacks.
+    ties = bridge.shared_params(built.model)
+    torch_names = {naming.torch for naming in aliases.naming.values()}
+    left_out = set(quirk(name).computed + quirk(name).unused)
+    tied = set(ties) | set(ties.values())
+    assert torch_names == (set(tensors(built.directory)) | tied) - left_out
+    for alias, canonical in aliases.items():  # ...and each alias one of the model's ties.
+        torch_alias, torch_canonical = aliases.naming[alias].torch, aliases.naming[canonical].torch
+        assert ties.get(torch_alias, torch_alias) == ties.get(torch_canonical, torch_canonical)
+    if name in IMPLICIT_TIES:
+        assert dict(aliases) == IMPLICIT_TIES[name]
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_the_commands_item_restores_in_plain_orbax_as_the_flax_tree(item, flat, name):
+    path, err = item(name)
+    shown(err, quirk(name).to_flax_warns)
+    with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(path.absolute())
+    assert "params" not in restored  # The Flax model's own tree: no collection on top.
+    assert shapes(flat(restored)) == directory_tree(name)
+
+
+# -- Flax params in a plain Orbax item -> transformers 5 directory --------------------
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_flax_params_to_directory_give_the_flax_outputs(hf, name, tmp_path):
+    fixture, built, out = FIXTURES / name, hf(name), tmp_path / "hf"
+    plain = save_plain(load_file(fixture / "params.safetensors"), tmp_path / "item")
+    status, err = convert(plain, out, "--format", "hf", "--config", fixture / "config.json")
+    assert status == 0, err
+    shown(err, quirk(name).to_hf_warns)
+    written = tensors(out)
+    saved = tensors(built.directory)
+    assert set(written) == set(saved) - set(quirk(name).unused) | set(quirk(name).extra)
+    for computed in quirk(name).computed:
+        assert torch.equal(written[computed], saved[computed]), computed
+
+    model_class = type(built.model)
+    loaded, info = model_class.from_pretrained(out, output_loading_info=True)
+    problems = {key: set(value) for key, value in info.items() if value}
+    assert problems == ({"missing_keys": set(quirk(name).unused)} if quirk(name).unused else {})
+    untied = set(quirk(name).untied)
+    kept = {group - untied for group in tie_groups(built.model)}
+    assert tie_groups(loaded) == {group for group in kept if len(group) > 1}
+    head = loaded.get_output_embeddings()
+    if MANIFEST[name]["tie_word_embeddings"] and head is not None:
+        assert head.weight.data_ptr() == loaded.get_input_embeddings().weight.data_ptr()
+    want = load_file(fixture / "logits.safetensors")
+    got = outputs(loaded.eval(), name)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape, key
+        assert float(np.abs(got[key] - value).max()) <= TOLERANCE, key
+
+
+# -- transformers 5 directory -> layout item -> directory -----------------------------
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_directory_to_layout_item_and_back_is_bit_exact(hf, item, name, tmp_path):
+    built, (path, _) = hf(name), item(name)
+    out = tmp_path / "hf"
+    status, err = convert(path, out, "--format", "hf")  # The item keeps config.json.
+    assert status == 0, err
+    assert (out / "config.json").read_bytes() == (built.directory / "config.json").read_bytes()
+    shown(err, quirk(name).back_warns)
+    want, got = tensors(built.directory), tensors(out)
+    assert set(got) == set(want) - set(quirk(name).unused)
+    for key in set(got) & set(want):
+        assert torch.equal(got[key], want[key]), key
+
+
+# -- a parameter registered twice under one parent ------------------------------------
+
+
+class TwiceParameter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.arange(3.0))
+        self.b = self.a
+
+
+class TwiceInALinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.lin.register_parameter("weight2", self.lin.weight)
+
+
+class TwiceModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 2)
+        self.b = self.a
+
+
+@pytest.mark.parametrize("source", ["module", "state dict"])
+@pytest.mark.parametrize(
+    "make, ties, permutes",
+    [
+        (TwiceParameter, {"params/b": "params/a"}, None),
+        (TwiceInALinear, {"params/lin/weight2": "params/lin/kernel"}, (1, 0)),
+        (
+            TwiceModule,
+            {"params/b/kernel": "params/a/kernel", "params/b/bias": "params/a/bias"},
+            None,
+        ),
+    ],
+    ids=["self.b = self.a", "lin.weight2 = lin.weight", "module twice"],
+)
+def test_a_parameter_registered_twice_keeps_a_flax_name_and_its_tie(
+    make, ties, permutes, source, flat, assert_same_state
+):
+    torch.manual_seed(0)
+    module = make()
+    variables, aliases = bridge.to_flax(module if source == "module" else module.state_dict())
+    assert dict(aliases) == ties
+    leaves = flat(variables)
+    for alias, canonical in ties.items():
+        if aliases.transform(alias) is None:
+            assert leaves[alias] is leaves[canonical]
+        else:
+            assert aliases.transform(alias) == permutes
+            np.testing.assert_array_equal(leaves[alias], np.transpose(leaves[canonical], permutes))
+    state = bridge.to_torch(variables, aliases)
+    assert_same_state(state, module.state_dict())  # Bits, and each tie one tensor.
+    fresh = make()
+    fresh.load_state_dict(state, strict=True)
+    for key, tensor in module.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], tensor), key
+
+
+# -- a tree that fits no layout -------------------------------------------------------
+
+
+KERNEL = "transformer/h/0/mlp/c_fc/kernel"
+
+
+@pytest.mark.parametrize(
+    "spoil, leaf",
+    [
+        (lambda p: p.update({KERNEL + "s": p.pop(KERNEL)}), KERNEL + "s"),
+        (lambda p: p.update({KERNEL: p[KERNEL].T.copy()}), KERNEL),
+    ],
+    ids=["renamed", "transposed"],
+)
+def test_a_tree_that_fits_no_layout_is_one_line_and_no_output(spoil, leaf, tmp_path):
+    params = load_file(FIXTURES / "gpt2" / "params.safetensors")
+    spoil(params)
+    plain, out = save_plain(params, tmp_path / "item"), tmp_path / "out"
+    config = FIXTURES / "gpt2" / "config.json"
+    status, err = convert(plain, out, "--format", "hf", "--config", config)
+    assert status == 1
+    (line,) = err
+    assert line.startswith("jaxshare convert: error: ")
+    assert f"'{leaf}' fits no layout" in line and "nearest: " in line
+    assert not out.exists()
+
+
+# -- flax_model.msgpack, as FlaxPreTrainedModel.save_pretrained writes it ------------------
+
+MSGPACK = [("gpt2", "flax_model"), ("llama", "flax_model"), ("bart", "flax_model")]
+MSGPACK += [("bart", "flax_model_sharded")]
+
+
+@pytest.mark.parametrize("name, folder", MSGPACK, ids=["/".join(m) for m in MSGPACK])
+def test_a_flax_msgpack_directory_is_the_flax_params_on_every_route(
+    hf, flat, name, folder, tmp_path
+):
+    directory, params = FIXTURES / name / folder, load_file(FIXTURES / name / "params.safetensors")
+
+    report = bridge.inspect(directory)
+    assert report.kind == "hf" and set(report.stored) == set(params)
+    assert report.assets == ("config.json", "generation_config.json")
+
+    variables, aliases = bridge.to_flax(directory)  # The Flax model's tree, as it is.
+    assert dict(aliases) == {}
+    leaves = flat(variables)
+    assert set(leaves) == set(params)
+    for path, value in params.items():
+        np.testing.assert_array_equal(np.asarray(leaves[path]), value, err_msg=path)
+
+    status, err = convert(directory, tmp_path / "item")
+    assert status == 0 and err == []
+    with ocp.StandardCheckpointer() as checkpointer:  # Plain Orbax: the same params.
+        restored = flat(checkpointer.restore((tmp_path / "item").absolute()))
+    assert set(restored) == set(params)
+    for path, value in params.items():
+        np.testing.assert_array_equal(np.asarray(restored[path]), value, err_msg=path)
+
+    # To PyTorch names: the directory as save_pretrained writes it, and the outputs.
+    saved = set(tensors(hf(name).directory))
+    for source in (directory, tmp_path / "item"):  # (The item kept config.json.)
+        out = tmp_path / f"hf-{source.name}"
+        status, err = convert(source, out, "--format", "hf")
+        assert status == 0, err
+        shown(err, quirk(name).to_hf_warns)
+        assert set(tensors(out)) == saved
+        loaded, info = type(hf(name).model).from_pretrained(out, output_loading_info=True)
+        assert not any(info.values()), info
+        want, got = load_file(FIXTURES / name / "logits.safetensors"), outputs(loaded, name)
+        for key, value in want.items():
+            assert float(np.abs(got[key] - value).max()) <= TOLERANCE, key
+
+    status, _ = convert(directory, tmp_path / "flax.safetensors")
+    assert status == 0 and set(load_file(tmp_path / "flax.safetensors")) == set(params)
+    status, err = convert(directory, tmp_path / "torch.safetensors", "--names", "torch")
+    assert status == 0, err
+    # A flat file of the tree, renamed: a head the HF writer leaves out (llama's) too.
+    head = {"lm_head.weight"} if quirk(name).to_hf_warns == SAME_HEAD else set()
+    assert set(load_file(tmp_path / "torch.safetensors")) == saved | head
+
+
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda b: b[: len(b) // 2], "ends"),
+        (lambda b: b"\xc7\x05\x7fhello" + b[8:], "ext"),
+    ],
+    ids=["truncated", "hostile ext type"],
+)
+def test_a_bad_msgpack_file_is_one_line_exit_1(spoil, says, tmp_path):
+    import shutil
+
+    directory = tmp_path / "flax"
+    shutil.copytree(FIXTURES / "gpt2" / "flax_model", directory)
+    weights = directory / "flax_model.msgpack"
+    weights.write_bytes(spoil(weights.read_bytes()))
+    for argv in (["inspect", directory], ["convert", "--quiet", directory, tmp_path / "out"]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main([str(a) for a in argv]) == 1
+        (line,) = err.getvalue().splitlines()
+        assert line.startswith(f"jaxshare {argv[0]}: error: {weights}") and says in line, line
+    assert not (tmp_path / "out").exists()
+
+
+# -- the rest of the model directory travels with the weights ------------------------------
+
+
+def test_tokenizer_and_config_travel_byte_for_byte_and_other_files_stay(hf, tmp_path, capsys):
+    import shutil
+
+    import tokenizers
+
+    directory = tmp_path / "gpt2"
+    shutil.copytree(hf("gpt2").directory, directory)
+    vocab = {f"w{i}": i for i in range(64)}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, unk_token="w0", eos_token="w1", pad_token="w1"
+    )
+    tokenizer.save_pretrained(directory)
+    (directory / "chat_template.jinja").write_text("{{ messages }}")
+    (directory / "README.md").write_text("# tiny\n")
+    ran = tmp_path / "ran"
+    (directory / "modeling_evil.py").write_text(f"open({str(ran)!r}, 'w')\n")
+    assets = sorted(p.name for p in directory.iterdir() if p.suffix in (".json", ".jinja"))
+
+    report = bridge.inspect(directory)
+    assert sorted(report.assets) == assets
+    assert report.other_files == ("README.md", "modeling_evil.py")
+    assert main(["inspect", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "other files, neither read nor carried: README.md, modeling_evil.py" in out
+
+    item, back, copy = tmp_path / "item", tmp_path / "back", tmp_path / "copy"
+    assert convert(directory, item, "--layout", "transformers-flax") == (0, [])
+    assert convert(item, back, "--format", "hf") == (0, [])  # No --config: the item has it.
+    assert convert(directory, copy, "--format", "hf") == (0, [])
+    for out_dir in (back, copy):
+        names = sorted(p.name for p in out_dir.iterdir() if not p.name.endswith(".safetensors"))
+        assert names == assets
+        for name in assets:
+            assert (out_dir / name).read_bytes() == (directory / name).read_bytes(), name
+    assert not ran.exists()
+
+    again = transformers.AutoTokenizer.from_pretrained(back)
+    assert again("w5 w6").input_ids == tokenizer("w5 w6").input_ids == [5, 6]
+    made = [
+        transformers.pipeline("text-generation", model=str(d), tokenizer=str(d))(
+            "w5 w6", max_new_tokens=2, do_sample=False
+        )[0]["generated_text"]
+        for d in (directory, back)
+    ]
+    assert made[0] == made[1] and made[0].startswith("w5 w6")
