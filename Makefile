@@ -9,7 +9,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Nothing is ever downloaded from a model hub, by tests or by the demo.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint venv bench fixtures clean
+.PHONY: demo test lint venv bench fixtures flax-fixtures clean
 
 venv: $(STAMP)
 
@@ -52,5 +52,17 @@ fixtures: $(BENCH_VENV)/.installed-stamp
 	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions \
 		$(BENCH_VENV)/bin/python tests/data/deepspeed/make_fixtures.py
 
+# The parameter trees of transformers 4.57's Flax classes under tests/data/transformers_flax,
+# for the transformers-flax layout; transformers 5 (in .venv) has no Flax classes.
+flax-fixtures: $(BENCH_VENV)/.installed-stamp
+	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python tests/data/transformers_flax/make_fixtures.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache
+
+# Flax params -> Orbax -> HF directory in transformers 4.57's PyTorch classes, and back into
+# its Flax classes (jaxshare runs in .venv; the models in .venv-bench). Not run by CI: it
+# rewrites the committed tests/data/transformers_flax/check_transformers4.log.
+.PHONY: check-transformers4
+check-transformers4: $(STAMP) $(BENCH_VENV)/.installed-stamp
+	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python tests/data/transformers_flax/check_transformers4.py

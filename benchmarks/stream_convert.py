@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -201,13 +202,14 @@ def child(op: str, side: str, src: str, dst: str, plans: str) -> None:
     print(json.dumps({"work_s": time.perf_counter() - start}))
 
 
-def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:
-    """Runs one conversion in a fresh process under peakmem; its figures."""
+def run_measured(
+    cmd: list[str], dst: Path, env: dict
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Runs ``cmd`` in a fresh process under peakmem, ``dst`` removed and the disk
+    synced first: the finished process and peakmem's figures (``None`` if none)."""
     if dst.exists():
         shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
     os.sync()  # The previous run's write-back must not land on this one.
-    cmd = [sys.executable, __file__, "--child", op, side, str(src), str(dst), str(plans)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, str(PEAKMEM), "--json", "--", *cmd],
         capture_output=True,
@@ -216,10 +218,18 @@ def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:
         check=False,
     )
     stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    return run, (stats[-1] if stats else None)
+
+
+def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:
+    """Runs one conversion in a fresh process under peakmem; its figures."""
+    cmd = [sys.executable, __file__, "--child", op, side, str(src), str(dst), str(plans)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    run, stats = run_measured(cmd, dst, env)
     work = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or not stats or not work:
+    if run.returncode != 0 or stats is None or not work:
         raise RuntimeError(f"{side} {op} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
-    return {**stats[-1], **work[-1]}
+    return {**stats, **work[-1]}
 
 
 # --- the run ----------------------------------------------------------------
@@ -232,8 +242,10 @@ OPS = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line the streaming benchmarks share: the model's shapes, the rounds,
+    where the files go and ``--quick``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--width", type=int, default=1536)
     ap.add_argument("--blocks", type=int, default=20)
@@ -241,6 +253,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the temporary files go")
     ap.add_argument("--quick", action="store_true", help="a small model, one round")
+    return ap
+
+
+def main() -> None:
+    ap = model_arguments(__doc__)
     ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -249,7 +266,7 @@ def main() -> None:
     if args.quick:
         args.vocab, args.width, args.blocks, args.rounds = 5000, 256, 2, 1
     specs = model_specs(args.vocab, args.width, args.blocks, args.context)
-    sizes = [4 * int(__import__("math").prod(s)) for _, s in specs]
+    sizes = [4 * math.prod(s) for _, s in specs]
     largest, total = max(sizes), sum(sizes)
     goal_mb = (2 * largest) / MB + GOAL_OVERHEAD_MB
     root = Path(tempfile.mkdtemp(prefix="stream_convert_", dir=args.dir))

@@ -1,0 +1,390 @@
+"""Flax ``flax_model.msgpack`` directories converted, against a user's script and the disk.
+
+A directory as transformers' ``FlaxPreTrainedModel.save_pretrained`` writes it
+(``flax_model.msgpack`` + ``config.json``) for a GPT-2-like model in the
+transformers-flax layout, as ``FlaxGPT2LMHeadModel`` holds it: ``transformer/wte/embedding``,
+``transformer/h/{i}/attn/c_attn/kernel`` ``(3d, d)`` (``FlaxConv1D`` kernels are
+``(out, in)``), ``ln_1/scale``, ..., ``transformer/ln_f/bias``, no ``lm_head`` (tied,
+computed). float32, generated with numpy and written with
+``flax.serialization.msgpack_serialize``; by default width 1536, 20 blocks, vocabulary
+50257 (2462 MiB, the largest tensor, the embedding, 294 MiB), the shapes of
+``stream_convert.model_specs``. Two conversions, each run three ways, each in a fresh
+process measured by ``shared/tools/peakmem`` (peak RssAnon + RssShmem of the process
+tree; pages of mapped files do not count):
+
+* **msgpack -> Orbax**: ``jaxshare convert DIR ITEM --quiet`` against what a Flax user
+  writes: ``flax.serialization.msgpack_restore(Path(...).read_bytes())`` +
+  ``ocp.StandardCheckpointer().save(item, tree)`` + ``wait_until_finished()``. Both items
+  hold exactly the Flax params tree, which plain Orbax restores.
+* **msgpack -> Hugging Face directory** (PyTorch names, ``model.safetensors``):
+  ``jaxshare convert DIR OUT --format hf --quiet`` against transformers 4.57.
+  ``GPT2LMHeadModel.from_pretrained(DIR, from_flax=True)`` is the documented route, but
+  in 4.57 it is broken for every model: the model is built on the meta device, the Flax
+  weights are handed to ``load_state_dict`` (a no-op on meta parameters) and
+  ``save_pretrained`` fails with "Cannot copy out of meta tensor; no data!" (not a jax
+  0.10 matter: no shim helps). The peer is therefore what ``from_flax=True`` runs, on a
+  model with memory: ``GPT2LMHeadModel(config)`` built under ``no_init_weights()`` (the
+  random initialisation a user's plain ``GPT2LMHeadModel(config)`` would also pay is
+  spared), ``tie_weights()``, ``load_flax_checkpoint_in_pytorch_model(model, msgpack)``,
+  ``save_pretrained(OUT)``. Both write the same tensors; neither stores the tied head.
+* **the machine's limit**, beside each: the msgpack file's bytes copied to a new file
+  (``shutil.copyfile``, which the kernel does with ``sendfile``) and ``fsync``'d.
+
+After the first round a check (in the peer's interpreter) restores both items with plain
+Orbax and compares them with the msgpack tree, and compares the two ``model.safetensors``
+tensor by tensor. Rounds rotate who goes first (ours, peer, limit; peer, limit, ours;
+...), ``sync`` runs before each process, and the table gives, per conversion, the
+medians over rounds of each side's figures and of the paired ratios. ``time`` is the
+whole process, start-up and imports included, as a user runs it. jaxshare ``fsync``s what
+it writes; the peers do not (as users run them), so some of their write-back may fall
+after they exit (``sync`` before the next process keeps it off the next one's clock).
+Goals: jaxshare's peak anonymous memory <= 2 x the largest tensor + 400 MB; its time
+<= 1.0x the peer's.
+
+Run (about 15 GB of free disk under ``--dir``, 8 GB of memory for the peers)::
+
+    .venv/bin/python benchmarks/msgpack_convert.py            # --rounds 3
+    .venv/bin/python benchmarks/msgpack_convert.py --quick    # a small smoke run
+
+jaxshare runs in ``--ours-python`` (default ``.venv``), the peers in ``--peer-python``
+(default ``.venv-bench``, which has transformers 4.57 and torch). Prints a table; a
+missed goal or a failed side is reported, and the exit status is 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stream_convert import (
+    GOAL_OVERHEAD_MB,
+    GOAL_TIME,
+    MB,
+    ROOT,
+    model_arguments,
+    model_specs,
+    run_measured,
+)
+
+SIDES = ("ours", "peer", "limit")
+OPS = {"orbax": "msgpack -> Orbax item", "hf": "msgpack -> HF directory"}
+
+
+def _venv_python(name: str) -> str:
+    path = ROOT / name / "bin" / "python"
+    return str(path) if path.exists() else sys.executable
+
+
+# --- the model ------------------------------------------------------------
+
+
+def flax_specs(vocab: int, width: int, blocks: int, context: int) -> list[tuple[tuple, tuple]]:
+    """``(path, shape)`` of ``FlaxGPT2LMHeadModel``'s params: ``stream_convert``'s state
+    dict renamed. ``FlaxConv1D`` kernels are ``(out, in)``, Linear's layout, so no shape
+    changes."""
+    specs = []
+    for name, shape in model_specs(vocab, width, blocks, context):
+        *parents, last = name.split(".")
+        if last == "weight":
+            kind = parents[-1]
+            last = {"wte": "embedding", "wpe": "embedding"}.get(kind, "kernel")
+            last = "scale" if kind.startswith("ln") else last
+        specs.append(((*parents, last), shape))
+    return specs
+
+
+def write_model(model: Path, specs: list[tuple[tuple, tuple]], args: argparse.Namespace) -> None:
+    """``flax_model.msgpack`` (random float32, which compresses as little as real weights)
+    and the ``config.json`` of a ``GPT2Config`` of those sizes."""
+    import numpy as np
+    from flax.serialization import msgpack_serialize
+
+    rng = np.random.default_rng(0)
+    tree: dict = {}
+    for path, shape in specs:
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = rng.random(shape, dtype=np.float32) - 0.5
+    model.mkdir()
+    (model / "flax_model.msgpack").write_bytes(msgpack_serialize(tree))
+    config = {
+        "activation_function": "gelu_new",
+        "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1,
+        "bos_token_id": 50256,
+        "embd_pdrop": 0.1,
+        "eos_token_id": 50256,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05,
+        "model_type": "gpt2",
+        "n_embd": args.width,
+        "n_head": args.heads,
+        "n_inner": None,
+        "n_layer": args.blocks,
+        "n_positions": args.context,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": 0.1,
+        "scale_attn_by_inverse_layer_idx": False,
+        "scale_attn_weights": True,
+        "summary_activation": None,
+        "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True,
+        "summary_type": "cls_index",
+        "summary_use_proj": True,
+        "tie_word_embeddings": True,
+        "transformers_version": "4.57.6",
+        "use_cache": True,
+        "vocab_size": args.vocab,
+    }
+    (model / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+# --- the processes measured ------------------------------------------------
+
+
+def child(op: str, src: str, dst: str, *rest: str) -> None:
+    """One measured peer or limit run, or the check of the outputs."""
+    if op == "limit":
+        shutil.copyfile(Path(src) / "flax_model.msgpack", dst)
+        fd = os.open(dst, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    elif op == "orbax":
+        import orbax.checkpoint as ocp
+        from flax.serialization import msgpack_restore
+
+        tree = msgpack_restore(Path(src, "flax_model.msgpack").read_bytes())
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(Path(dst).absolute(), tree)
+        checkpointer.wait_until_finished()
+    elif op == "hf":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers.modeling_flax_pytorch_utils import load_flax_checkpoint_in_pytorch_model
+        from transformers.modeling_utils import no_init_weights
+
+        config = GPT2Config.from_pretrained(src)
+        with no_init_weights():
+            model = GPT2LMHeadModel(config)
+        model.tie_weights()  # init_weights, skipped above, would have tied them.
+        model = load_flax_checkpoint_in_pytorch_model(model, str(Path(src, "flax_model.msgpack")))
+        model.save_pretrained(dst)
+    elif op == "verify":
+        verify(src, dst, *rest)
+    else:
+        raise SystemExit(f"unknown child {op!r}")
+
+
+def verify(model: str, ours_item: str, peer_item: str, ours_hf: str, peer_hf: str) -> None:
+    """Both items restore with plain Orbax to the msgpack tree; both HF directories hold
+    the same tensors. Prints one JSON line of findings."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from flax.serialization import msgpack_restore
+    from flax.traverse_util import flatten_dict
+    from safetensors import safe_open
+
+    ref = flatten_dict(msgpack_restore(Path(model, "flax_model.msgpack").read_bytes()), sep="/")
+    problems = []
+    for name, item in (("ours", ours_item), ("peer", peer_item)):
+        got = flatten_dict(ocp.StandardCheckpointer().restore(Path(item).absolute()), sep="/")
+        if sorted(got) != sorted(ref):
+            problems.append(f"{name} item: paths {sorted(set(got) ^ set(ref))[:5]} differ")
+        else:
+            bad = [p for p in ref if not np.array_equal(np.asarray(got[p]), ref[p])]
+            problems += [f"{name} item: {bad[:5]} differ"] if bad else []
+        del got
+    files = [sorted(Path(d).glob("*.safetensors")) for d in (ours_hf, peer_hf)]
+    if [f.name for f in files[0]] != [f.name for f in files[1]]:
+        problems.append(f"HF shards differ: {files}")
+    tensors = 0
+    for a, b in zip(*files, strict=False):
+        with safe_open(a, "np") as fa, safe_open(b, "np") as fb:
+            if sorted(fa.keys()) != sorted(fb.keys()):
+                problems.append(f"{a.name}: names {sorted(set(fa.keys()) ^ set(fb.keys()))} differ")
+                continue
+            for key in fa.keys():
+                tensors += 1
+                if not np.array_equal(fa.get_tensor(key), fb.get_tensor(key)):
+                    problems.append(f"{a.name}: {key} differs")
+    print(json.dumps({"leaves": len(ref), "hf_tensors": tensors, "problems": problems}))
+
+
+def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) -> list[str]:
+    if side == "ours":
+        fmt = ["--format", "hf"] if op == "hf" else []
+        cli = [args.ours_python, "-m", "jaxshare.cli", "convert"]
+        return [*cli, str(src), str(dst), *fmt, "--quiet"]
+    python = args.peer_python if side == "peer" else sys.executable
+    return [python, __file__, "--child", "limit" if side == "limit" else op, str(src), str(dst)]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def measure(cmd: list[str], dst: Path, env: dict) -> dict | None:
+    """Runs ``cmd`` in a fresh process under peakmem; its figures, or None if it failed."""
+    run, stats = run_measured(cmd, dst, env)
+    if run.returncode != 0 or stats is None:
+        print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
+        print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
+        return None
+    return stats
+
+
+# --- the run ----------------------------------------------------------------
+
+
+def main() -> None:
+    ap = model_arguments(__doc__)
+    ap.add_argument("--heads", type=int, default=12, help="n_head, a divisor of the width")
+    ap.add_argument("--ours-python", default=_venv_python(".venv"), help="runs jaxshare")
+    ap.add_argument("--peer-python", default=_venv_python(".venv-bench"), help="runs the peers")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    if args.quick:
+        args.vocab, args.width, args.blocks, args.rounds = 5000, 384, 2, 1
+    specs = flax_specs(args.vocab, args.width, args.blocks, args.context)
+    sizes = [4 * math.prod(s) for _, s in specs]
+    largest, total = max(sizes), sum(sizes)
+    goal_mb = (2 * largest) / MB + GOAL_OVERHEAD_MB
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    root = Path(tempfile.mkdtemp(prefix="msgpack_convert_", dir=args.dir))
+    try:
+        model = root / "flax_model"
+        write_model(model, specs, args)
+        file_mb = (model / "flax_model.msgpack").stat().st_size / MB
+        outputs = {"orbax": "item", "hf": "hf", "limit": "copy.msgpack"}
+        results = {op: {side: [] for side in SIDES} for op in OPS}
+        kept: dict[str, Path] = {}
+        check = None
+        loads = [os.getloadavg()]
+        for r in range(args.rounds):
+            for op in OPS:
+                order = SIDES[r % 3 :] + SIDES[: r % 3]
+                for side in order:
+                    dst = root / f"{side}_{op}_{outputs['limit' if side == 'limit' else op]}"
+                    results[op][side].append(measure(command(op, side, model, dst, args), dst, env))
+                    if r == 0 and side != "limit":
+                        kept[f"{side}_{op}"] = dst
+                    else:
+                        _remove(dst)
+            if r == 0:
+                check = run_check(args, model, kept, env)
+                for dst in kept.values():
+                    _remove(dst)
+            loads.append(os.getloadavg())
+        report(args, results, largest, total, file_mb, goal_mb, loads, check)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_check(args, model: Path, kept: dict[str, Path], env: dict) -> dict | str:
+    names = ("ours_orbax", "peer_orbax", "ours_hf", "peer_hf")
+    if not all(n in kept and kept[n].exists() for n in names):
+        return "not run: a side failed"
+    outputs = [str(kept[n]) for n in names]
+    cmd = [args.peer_python, __file__, "--child", "verify", str(model), *outputs]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    return found[-1] if run.returncode == 0 and found else f"failed: {run.stderr[-2000:]}"
+
+
+def _ratio(runs: dict[str, list], rounds: list[int], a: str, b: str, key: str) -> float:
+    """The median over ``rounds`` of side ``a``'s ``key`` over side ``b``'s."""
+    return statistics.median(runs[a][i][key] / runs[b][i][key] for i in rounds)
+
+
+def report(args, results, largest, total, file_mb, goal_mb, loads, check) -> None:
+    med = statistics.median
+    print(
+        f"\nModel: width {args.width}, {args.blocks} blocks, vocabulary {args.vocab}, float32: "
+        f"{total / MB:.0f} MiB in {len(flax_specs(1, 1, args.blocks, 1))} leaves, largest "
+        f"{largest / MB:.0f} MiB; flax_model.msgpack {file_mb:.0f} MiB; {args.rounds} round(s), "
+        "sides rotating."
+    )
+    print(
+        f"Goals: ours peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
+        f"time <= {GOAL_TIME:.1f}x the peer. Load average (1 min) during the run: "
+        + ", ".join(f"{la[0]:.1f}" for la in loads)
+        + f" on {os.cpu_count()} CPUs."
+    )
+    if isinstance(check, dict):
+        print(
+            f"Check of round 1's outputs: both items against the msgpack tree "
+            f"({check['leaves']} leaves), ours against the peer's model.safetensors "
+            f"({check['hf_tensors']} tensors): {'; '.join(check['problems']) or 'identical'}."
+        )
+    else:
+        print(f"Check of round 1's outputs: {check}.")
+    head = (
+        f"\n{'conversion':24} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
+        f"  {'ours/peer':>9} {'ours/limit':>10} {'peak ours/peer':>14}  verdict"
+    )
+    print(head)
+    print("-" * len(head))
+    per_round = []
+    for op, name in OPS.items():
+        runs = results[op]
+        rounds = [i for i in range(args.rounds) if all(runs[s][i] for s in SIDES)]
+        for side in SIDES:
+            ok = [x for x in runs[side] if x]
+            line = f"{name if side == 'ours' else '':24} {side:5} "
+            if not ok:
+                print(line + f"{'FAILED':>13}")
+                continue
+            mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
+            line += f"{mem:13.0f} {wall:7.2f}"
+            if side == "ours" and rounds:
+                vs_peer = _ratio(runs, rounds, "ours", "peer", "wall_s")
+                misses = []
+                if mem > goal_mb:
+                    misses.append(f"memory MISSED by {mem - goal_mb:.0f} MiB")
+                if vs_peer > GOAL_TIME:
+                    misses.append(f"time MISSED by {vs_peer - GOAL_TIME:.2f}")
+                line += (
+                    f"  {vs_peer:9.2f} {_ratio(runs, rounds, 'ours', 'limit', 'wall_s'):10.2f} "
+                    f"{_ratio(runs, rounds, 'ours', 'peer', 'peak_anon_mb'):14.2f}  "
+                    + ("; ".join(misses) or "met")
+                )
+            elif side == "ours":
+                line += "  no round with every side: no ratios, goals not judged"
+            print(line)
+        if len(rounds) > 1:
+            ours, peer = runs["ours"], runs["peer"]
+            peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
+            times = ", ".join(f"{ours[i]['wall_s'] / peer[i]['wall_s']:.2f}" for i in rounds)
+            per_round.append(f"{name}: ours peak anon {peaks} MiB; time ours/peer {times}")
+    print(
+        "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
+        "ratios: medians of per-round ratios (rounds where every side ran)."
+    )
+    for line in per_round:
+        print("Per round, " + line + ".")
+
+
+if __name__ == "__main__":
+    main()
