@@ -23,7 +23,9 @@ only an output of the same kind) and writes through a temporary name.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from bridge._relayout import place_any
 from bridge._rules import Rules, as_rules
 from bridge._torch_naming import torch_plan
 from jaxshare.formats import TORCH_SUFFIXES, save_plan
-from jaxshare.internal import UsageError, float_dtype
+from jaxshare.internal import UsageError, float_dtype, unstacked
 from jaxshare.stream import Plan, ProgressFn, TensorSource
 
 __all__ = ["convert", "output_format"]
@@ -84,6 +86,8 @@ def convert(
     progress: ProgressFn | None = None,
     rules: Rules | None = None,
     layout: str | Layout | None = None,
+    stack: str | Sequence[str] = (),
+    stack_axis: int = 0,
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -110,6 +114,13 @@ def convert(
         ``"jaxshare"`` or ``"transformers-flax"`` (see :data:`bridge.LAYOUTS`);
         default: what the Flax side's paths and ``config.json`` show
         (:func:`bridge.detect_layout`), else jaxshare's.
+      stack: PyTorch module prefixes of scanned layers (``"model.layers"``): each
+        weight of the layers ``model.layers.{k}`` is one Flax leaf under
+        ``model/layers``, the layers on ``stack_axis`` -- stacked on the way to
+        Flax, split on the way back (a naming record, which jaxshare writes,
+        makes this unneeded there). See ``docs/scanned.md``.
+      stack_axis: the Flax axis of the layers of ``stack`` (0: linen ``nn.scan``,
+        NNX; MaxText's is 1).
 
     Returns:
       ``dst`` as a ``Path``.
@@ -133,7 +144,7 @@ def convert(
     (4, 2)
     """
     dst = Path(dst)
-    rules = as_rules(rules)
+    rules = _with_stacks(as_rules(rules), stack, stack_axis)
     float_dtype(dtype)  # A bad `dtype` fails before anything is read.
     hf_options = config is not None or max_shard_size is not None
     fmt = output_format(dst, format, hf_options=hf_options)
@@ -195,6 +206,21 @@ def convert(
     return dst
 
 
+def _with_stacks(rules: Rules, stack: str | Sequence[str], axis: int) -> Rules:
+    """``rules`` with the scanned layers of ``stack`` on ``axis``."""
+    prefixes = [stack] if isinstance(stack, str) else list(stack)
+    if type(axis) is not int or axis < 0:
+        raise UsageError(f"--stack-axis must be an axis index >= 0, got {axis!r}.")
+    if not prefixes:
+        return rules
+    bad = [p for p in prefixes if not p or "/" in p or any(not x for x in p.split("."))]
+    if bad:
+        raise UsageError(
+            f"--stack names a PyTorch module prefix such as 'model.layers', got {bad[0]!r}."
+        )
+    return dataclasses.replace(rules, stacks={**rules.stacks, **dict.fromkeys(prefixes, axis)})
+
+
 def _plan(
     source: TensorSource,
     fmt: Format,
@@ -224,7 +250,7 @@ def _plan(
         )
     if not flax:
         return Plan.identity(source), source
-    return torch_plan(source, rules=rules, layout=layout), source
+    return unstacked(torch_plan(source, rules=rules, layout=layout), source)
 
 
 def _config_of(source: TensorSource, dst: Path) -> Any:

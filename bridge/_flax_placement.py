@@ -45,7 +45,17 @@ from bridge._rules import (
     module_variants,
 )
 from jaxshare import AliasMap, NamingRecord
-from jaxshare.internal import Perm, compose, inverse, permute_shape, render, split
+from jaxshare.internal import (
+    Perm,
+    StackedSource,
+    compose,
+    inverse,
+    layer_prefixes,
+    permute_shape,
+    render,
+    split,
+    stack_prefix,
+)
 from jaxshare.stream import Plan, PlanEntry, TensorSource
 
 if TYPE_CHECKING:
@@ -141,7 +151,7 @@ def place(
     for leaf in leaves:
         tried: list[str] = []
         found: Slot | None = None
-        for target in candidates(leaf, rules):
+        for target in _targets(leaf, rules):
             for slot in _spellings(leaf, target, rules):
                 shape = index.get(slot.path)
                 if shape is None:
@@ -174,6 +184,17 @@ def place(
     return slots, problems
 
 
+def _targets(leaf: TorchLeaf, rules: Rules) -> list[Target]:
+    """The candidates of ``leaf``; for a stack whose axis a target tree is to find,
+    those of every axis the layers can go on, axis 0 first."""
+    if not leaf.stacked or leaf.stack is not None:
+        return candidates(leaf, rules)
+    out: list[Target] = []
+    for axis in range(len(leaf.shape)):
+        out += [t for t in candidates(dataclasses.replace(leaf, stack=axis), rules) if t not in out]
+    return out
+
+
 def torch_leaves(
     source: TensorSource, rules: Rules, ties: AliasMap | None = None, *, guess: bool = True
 ) -> list[TorchLeaf]:
@@ -199,7 +220,14 @@ def torch_leaves(
         owner = key.rpartition(".")[0]
         layer = layers.get(owner) or (guess_kind(owner, rules) if guess else None)
         buffer = None if buffers is None else key in buffers
-        leaves.append(TorchLeaf(key, tuple(shape), layer, buffer))
+        prefix = stack_prefix(key)
+        axis = None if prefix is None else rules.stacks.get(prefix)
+        if axis is not None and axis >= len(shape):
+            raise ValueError(
+                f"{source.where}: --stack-axis {axis} is out of range for {key!r}, whose "
+                f"layers are {len(shape) - 1}-D (the layers can go on axes 0..{len(shape) - 1})."
+            )
+        leaves.append(TorchLeaf(key, tuple(shape), layer, buffer, axis))
     return leaves
 
 
@@ -219,6 +247,9 @@ class FlaxPlan:
       copies: ``{name: (stored name, PyTorch -> Flax permutation)}`` of the tied
         names the Flax tree holds as leaves of their own (``Rules.tied_leaves``):
         stored, read from the tensor they are tied to.
+      reads: the source the names are of, where it is not the one placed: its
+        per-layer tensors stacked (a name with ``{i}`` is a stack of layers,
+        ``(L, *layer)``, see :class:`jaxshare.internal.StackedSource`).
     """
 
     slots: dict[str, Slot]
@@ -226,6 +257,7 @@ class FlaxPlan:
     alias_map: AliasMap
     target: TargetTree | None = None
     copies: dict[str, tuple[str, Perm | None]] = dataclasses.field(default_factory=dict)
+    reads: TensorSource | None = None
 
     def source_of(self, key: str) -> tuple[str, Perm | None]:
         """The stored tensor a stored name is read from, and the permutation from its
@@ -234,7 +266,9 @@ class FlaxPlan:
 
     def plan(self, source: TensorSource) -> Plan:
         """The streaming plan: each stored tensor of ``source`` written at its Flax
-        path, in its Flax layout; the plan's alias map carries the naming record."""
+        path, in its Flax layout; the plan's alias map carries the naming record.
+        (Stacked layers are read from :attr:`reads`.)"""
+        source = self.reads or source
         entries = []
         for key in self.stored:
             base, perm = self.source_of(key)
@@ -262,6 +296,10 @@ def place_source(
         from bridge._target import target_tree  # (JAX: `like` is a Flax tree.)
 
         target = target_tree(like)
+    given = source
+    source = stack_layers(source, rules, None if target is None else target.index, ties)
+    if source is not given and ties is not None:
+        ties = source.ties  # (The given ties, the layers stacked: see `stack_layers`.)
     ties = source.ties if ties is None else ties
     family = None if layout is None else as_layout(layout).family(config)
     left_out = set() if family is None else _left_out(source, family, config)
@@ -271,7 +309,106 @@ def place_source(
         ties = AliasMap(kept, transforms=transforms, naming=ties.naming)
     leaves = torch_leaves(source, rules, ties, guess=target is None)
     leaves = [leaf for leaf in leaves if leaf.key not in left_out]
-    return plan_flax(leaves, ties, target, rules, ties.naming)
+    plan = plan_flax(leaves, ties, target, rules, ties.naming)
+    return plan if source is given else dataclasses.replace(plan, reads=source)
+
+
+def stack_layers(
+    source: TensorSource,
+    rules: Rules,
+    index: Mapping[FlaxPath, tuple[int, ...]] | None = None,
+    ties: AliasMap | None = None,
+) -> TensorSource:
+    """``source`` with the per-layer tensors of scanned layers stacked, under the
+    prefixes that ``rules.stacks`` names, that the source's naming record stacks
+    (a file jaxshare wrote from a scanned tree), or -- given a target tree's
+    ``index`` -- whose stacked leaf the tree has where it lacks each layer's;
+    ``source`` itself when there are none. ``ties`` (default: the source's own)
+    become the stacked source's."""
+    if source.flax_named:
+        return source
+    naming = (source.ties if ties is None else ties).naming
+    prefixes = set(rules.stacks)
+    if naming:
+        prefixes |= {p for n in naming.values() if (p := stack_prefix(n.torch)) is not None}
+    if index is not None:
+        prefixes |= _stacked_in(source, rules, index)
+    if not prefixes:
+        return source
+    if ties is not None and ties is not source.ties:
+        source = _WithTies(source, ties)
+    return StackedSource(source, prefixes)
+
+
+def _stacked_in(
+    source: TensorSource, rules: Rules, index: Mapping[FlaxPath, tuple[int, ...]]
+) -> set[str]:
+    """The module prefixes of ``source`` whose numbered layers a target tree holds as
+    stacks: it has a stacked leaf's path for them, and no layer's own."""
+    found: set[str] = set()
+    for head in layer_prefixes(source.infos):
+        try:
+            trial = StackedSource(source, [head])
+        except ValueError:
+            continue  # (Not layers of one shape: placed one by one, and reported so.)
+        for leaf in torch_leaves(trial, rules, guess=False):
+            if stack_prefix(leaf.key) != head:
+                continue
+            member = trial.members(leaf.key)
+            assert member is not None
+            own = torch_leaves(_Only(source, member[0]), rules, guess=False)[0]
+            if any(
+                slot.path in index
+                for t in candidates(own, rules)
+                for slot in _spellings(own, t, rules)
+            ):
+                break
+            if any(
+                slot.path in index
+                for t in _targets(leaf, rules)
+                for slot in _spellings(leaf, t, rules)
+            ):
+                found.add(head)
+                break
+    return found
+
+
+class _WithTies(TensorSource):
+    """A source with other ties (those a caller merged), read as it is."""
+
+    def __init__(self, source: TensorSource, ties: AliasMap) -> None:
+        self._source, self.ties = source, ties
+        self.path, self.kind, self.infos = source.path, source.kind, source.infos
+        self.layers, self.config = source.layers, getattr(source, "config", None)
+        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
+        if hasattr(source, "buffers"):
+            self.buffers = source.buffers
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    def read(self, name: str) -> Any:
+        return self._source.read(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return self._source.array(name)
+
+    def read_slice(self, name: str, index: Any) -> np.ndarray:
+        return self._source.read_slice(name, index)
+
+
+class _Only(TensorSource):
+    """One tensor of a source, described (for a trial placement; never read)."""
+
+    def __init__(self, source: TensorSource, name: str) -> None:
+        self.infos = {name: source.infos[name]}
+        self.layers = source.layers
+        if hasattr(source, "buffers"):
+            self.buffers = source.buffers
+
+    def read(self, name: str) -> Any:
+        raise AssertionError("a trial placement reads nothing")
 
 
 def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | None) -> set[str]:

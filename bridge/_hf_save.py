@@ -49,6 +49,7 @@ from jaxshare.internal import (
     is_nnx_module,
     numpy_dtype,
     tie_metadata,
+    unstacked,
 )
 from jaxshare.stream import Plan, PlanEntry, ProgressFn, TensorSource
 
@@ -266,7 +267,8 @@ def save_hf(
         cfg = config_dict(config)
         found = meta(cfg)
         if plan is None:
-            plan, source = _plan_of(source, cfg, found, rules, layout, directory)
+            # Stacks of layers (a scanned tree's) as layers, each read as its slice.
+            plan, source = unstacked(*_plan_of(source, cfg, found, rules, layout, directory))
         plan = plan.cast(dtype)
         flax_names = [e.name for e in plan.entries if "/" in e.name]
         if flax_names:
@@ -307,13 +309,15 @@ def _plan_of(
     """The PyTorch names of ``source``'s tensors: as they are (PyTorch names); by its
     naming record (a conversion's: exact); by the transformers-flax layout (given, or
     found: no collection at the top), whose rules decide every name and layout; else
-    after the config's model class (``like=``), which settles what names cannot.
-    Returns the plan and the source it reads: ``source``, or, where the Flax port
-    computes tensors that the PyTorch class stores, ``source`` with them."""
+    after the config's model class (``like=``), which settles what names cannot; by
+    the rules where ``rules.stacks`` names scanned layers (a stack is one output here,
+    named ``model.layers.{i}...``). Returns the plan and the source it reads:
+    ``source``, or, where the Flax port computes tensors that the PyTorch class
+    stores, ``source`` with them."""
     if not source.flax_named:
         return Plan.identity(source), source
     chosen = detect_layout(layout, list(source.infos), config)
-    if source.ties.naming is not None:  # (Exact; a port's quirks below all the same.)
+    if source.ties.naming is not None or rules.stacks:  # (Exact; a port's quirks below.)
         plan = torch_plan(source, rules=rules)
     elif chosen is None or chosen.collections:
         return torch_plan(source, rules=rules, like=found.model), source

@@ -37,7 +37,8 @@ def place_any(
         if kept is not None:
             return kept, source
         source = _in_torch_names(source, rules)
-    return place_source(source, like=like, rules=rules, layout=layout), source
+    placed = place_source(source, like=like, rules=rules, layout=layout)
+    return placed, placed.reads or source
 
 
 def _kept_as_is(source: TensorSource, like: Any, layout: str | Layout | None) -> FlaxPlan | None:

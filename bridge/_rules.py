@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from jaxshare.internal import Perm
+from jaxshare.internal import LAYER, Perm, lift
 
 __all__ = [
     "DEFAULT_LAYERS",
@@ -192,6 +192,9 @@ class Rules:
       tied_leaves: PyTorch names that a tie makes one tensor, but that the Flax
         tree holds as a leaf of its own all the same (Flax Llama's ``lm_head``):
         written out from their canonical, not kept as an alias.
+      stacks: PyTorch module prefix -> Flax axis, for scanned layers: the
+        tensors ``model.layers.{k}.*`` are stacked into one leaf per weight under
+        ``model/layers``, the layers on that axis (see ``docs/scanned.md``).
 
     A :class:`bridge.Layout` makes the ``Rules`` of its Flax layout.
 
@@ -206,6 +209,7 @@ class Rules:
     collections: bool = True
     modules: Mapping[str, str] = field(default_factory=dict)
     tied_leaves: frozenset[str] = frozenset()
+    stacks: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules)
@@ -218,7 +222,18 @@ class Rules:
                 f"Rules `modules` must map module names (no '.' or '/') to module names, got "
                 f"{dict(self.modules)!r}."
             )
+        bad_stacks = {
+            p: a
+            for p, a in dict(self.stacks).items()
+            if not isinstance(p, str) or not p or "/" in p or type(a) is not int or a < 0
+        }
+        if bad_stacks:
+            raise ValueError(
+                "Rules `stacks` must map PyTorch module prefixes ('model.layers') to a Flax "
+                f"axis >= 0, got {bad_stacks!r}."
+            )
         object.__setattr__(self, "rules", rules)
+        object.__setattr__(self, "stacks", MappingProxyType(dict(self.stacks)))
         object.__setattr__(self, "layers", MappingProxyType(dict(self.layers)))
         object.__setattr__(self, "layer_names", MappingProxyType(dict(self.layer_names)))
         object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))
@@ -274,12 +289,21 @@ class TorchLeaf:
       shape: its shape.
       layer: the kind of the module that owns it, ``None`` if unknown.
       buffer: ``True`` for a buffer, ``False`` for a parameter, ``None`` if unknown.
+      stack: for a stack of layers (a key with ``{i}``, shape ``(L, *layer)``),
+        the Flax axis the layers go on; ``None``: not a stack, or (with ``like=``)
+        to be found from the target's shapes.
     """
 
     key: str
     shape: tuple[int, ...]
     layer: str | None = None
     buffer: bool | None = None
+    stack: int | None = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether this is a stack of layers (its key has ``{i}``)."""
+        return LAYER in self.key.split(".")
 
     @property
     def module(self) -> tuple[str, ...]:
@@ -310,18 +334,22 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Target]:
     >>> candidates(TorchLeaf("wte.weight", (3, 2), layer="embedding"), Rules())
     [Target(collection='params', name='embedding', perm=None)]
     """
-    ndim = len(leaf.shape)
+    ndim = len(leaf.shape) - leaf.stacked  # (A stack's rules are its layers'.)
+    axes = [leaf.stack or 0] if leaf.stacked else [None]
     out: list[Target] = []
     for rule in rules.rules:
         if rule.torch != leaf.name or not rule.fits(ndim):
             continue
         if leaf.layer is not None and rule.layers and leaf.layer not in rule.layers:
             continue
-        target = Target(rule.collection, rule.flax, rule.perm(ndim))
-        if target not in out:
-            out.append(target)
+        for axis in axes:
+            perm = rule.perm(ndim) if axis is None else lift(rule.perm(ndim), ndim, axis)
+            target = Target(rule.collection, rule.flax, perm)
+            if target not in out:
+                out.append(target)
     if not out or leaf.layer is None:
-        fallback = Target("buffers" if leaf.buffer else "params", leaf.name, None)
+        perm = None if axes[0] is None else lift(None, ndim, axes[0])
+        fallback = Target("buffers" if leaf.buffer else "params", leaf.name, perm)
         if fallback not in out:
             out.append(fallback)
     return out
@@ -345,6 +373,7 @@ def module_variants(
     """
     if renames:
         module = tuple(renames.get(part, part) for part in module)
+    module = tuple(part for part in module if part != LAYER)  # A stack: the layers' module.
     linen: list[str] = []
     for part in module:
         if part.isdigit() and linen:
@@ -371,17 +400,33 @@ def torch_name(
     ('bn.running_mean', None)
     """
     *module, name = path
-    perm: Perm | None = None
-    for rule in rules.rules:
-        if rule.flax == name and collection in (None, rule.collection) and rule.fits(ndim):
-            name, perm = rule.torch, rule.perm(ndim)
-            break
     if rules.linen_lists:
         module = [p for part in module for p in _split_list_item(part)]
     if rules.modules:
         back = {flax: torch for torch, flax in rules.modules.items()}
         module = [back.get(part, part) for part in module]
+    stack = _stack_of(module, rules) if ndim else None
+    if stack is not None:  # The layers' rules, the layer axis lifted out of the way.
+        prefix, axis = stack
+        module = [*module[:prefix], LAYER, *module[prefix:]]
+        ndim -= 1
+    perm: Perm | None = None
+    for rule in rules.rules:
+        if rule.flax == name and collection in (None, rule.collection) and rule.fits(ndim):
+            name, perm = rule.torch, rule.perm(ndim)
+            break
+    if stack is not None:
+        perm = lift(perm, ndim, stack[1])
     return ".".join([*module, name]), perm
+
+
+def _stack_of(module: list[str], rules: Rules) -> tuple[int, int] | None:
+    """``(length of the prefix, Flax axis)`` of the stack a module is in, if any."""
+    for prefix, axis in sorted(rules.stacks.items(), key=lambda item: -len(item[0])):
+        parts = prefix.split(".")
+        if module[: len(parts)] == parts:
+            return len(parts), axis
+    return None
 
 
 def _split_list_item(part: str) -> list[str]:

@@ -20,7 +20,7 @@ from bridge._rules import RulesArg
 from bridge._tensors import to_tensor
 from bridge._torch_naming import TorchPlan, flax_variables, model_config, plan_torch
 from jaxshare import AliasMap
-from jaxshare.internal import Perm, compose, inverse, parallel_map
+from jaxshare.internal import LAYER, Perm, compose, inverse, parallel_map, per_layer
 from jaxshare.stream import ProgressFn
 
 if TYPE_CHECKING:
@@ -96,6 +96,21 @@ def _apply_torch_map(out: dict[str, torch.Tensor], torch_map: AliasMap | None) -
         out[alias] = value
 
 
+def _per_layer(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``out`` with each stack of layers (a name with ``{i}``) as one view per layer,
+    in place of the stack; a stack that is another's very tensor gives its layers'."""
+    if not any(LAYER in name.split(".") for name in out):
+        return out
+    views: dict[int, tuple[torch.Tensor, ...]] = {}  # id(stack) -> its layers, made once
+    result: dict[str, torch.Tensor] = {}
+    for name, stack, k in per_layer(out, lambda name: out[name].shape[0]):
+        if k is None:
+            result[name] = out[name]
+        else:
+            result[name] = views.setdefault(id(out[stack]), out[stack].unbind(0))[k]
+    return result
+
+
 def torch_conversion(
     variables: Any,
     alias_map: Mapping[str, str] | None = None,
@@ -113,6 +128,7 @@ def torch_conversion(
     _apply_torch_map(out, torch_map)
     for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.
         out[alias] = out[canonical]
+    out = _per_layer(out)
     # With `like`, every name is placed or filled by the map: give them in its order.
     return out if plan.like_keys is None else {k: out[k] for k in plan.like_keys}
 

@@ -24,7 +24,19 @@ from typing import Any, NamedTuple
 from jaxshare._json import load_document
 from jaxshare._perm import Perm, as_perm
 
-__all__ = ["FORMAT", "MAX_JSON_BYTES", "VERSION", "Naming", "NamingRecord"]
+__all__ = [
+    "FORMAT",
+    "LAYER",
+    "MAX_JSON_BYTES",
+    "VERSION",
+    "Naming",
+    "NamingRecord",
+    "layer_name",
+    "layer_perm",
+    "lift",
+    "stack_axis",
+    "stack_prefix",
+]
 
 FORMAT = "jaxshare.naming"
 VERSION = 1
@@ -32,11 +44,79 @@ VERSION = 1
 MAX_JSON_BYTES = 64 * 2**20
 
 
+#: What stands for the layer index in a stack's PyTorch name.
+LAYER = "{i}"
+
+
+def layer_name(template: str, index: int) -> str:
+    """The PyTorch name of layer ``index`` of the stack ``template``.
+
+    >>> layer_name("model.layers.{i}.mlp.weight", 3)
+    'model.layers.3.mlp.weight'
+    """
+    return template.replace(LAYER, str(index), 1)
+
+
+def stack_prefix(template: str) -> str | None:
+    """The module prefix a stack's layers are under (``None``: not a stack).
+
+    >>> stack_prefix("model.layers.{i}.mlp.weight"), stack_prefix("wte.weight")
+    ('model.layers', None)
+    """
+    parts = template.split(".")
+    return ".".join(parts[: parts.index(LAYER)]) if LAYER in parts else None
+
+
+def lift(perm: Perm | None, ndim: int, axis: int) -> Perm | None:
+    """The permutation of a stack ``(L, *layer)`` into Flax: each layer permuted by
+    ``perm`` (of its ``ndim`` axes), the layer axis moved to ``axis``.
+
+    >>> lift((1, 0), 2, 0), lift((1, 0), 2, 1), lift(None, 1, 0)
+    ((0, 2, 1), (2, 0, 1), None)
+    """
+    if not 0 <= axis <= ndim:
+        raise ValueError(f"stack axis {axis} is out of range for a stack of {ndim}-D layers.")
+    per = list(range(ndim)) if perm is None else list(perm)
+    lifted = [1 + p for p in per]
+    lifted.insert(axis, 0)
+    return as_perm(lifted)
+
+
+def stack_axis(perm: Perm | None) -> int:
+    """Where :func:`lift` put the layer axis.
+
+    >>> stack_axis((2, 0, 1)), stack_axis(None)
+    (1, 0)
+    """
+    return 0 if perm is None else perm.index(0)
+
+
+def layer_perm(perm: Perm | None) -> Perm | None:
+    """The permutation of one layer, :func:`lift` undone.
+
+    >>> layer_perm((2, 0, 1)), layer_perm((0, 2, 1)), layer_perm(None)
+    ((1, 0), (1, 0), None)
+    """
+    if perm is None:
+        return None
+    return as_perm([p - 1 for p in perm if p != 0])
+
+
 class Naming(NamedTuple):
-    """One leaf's PyTorch name and the PyTorch -> Flax permutation applied to it."""
+    """One leaf's PyTorch name and the PyTorch -> Flax permutation applied to it.
+
+    A name with :data:`LAYER` (``model.layers.{i}.mlp.weight``) is a stack of
+    layers: the leaf holds every layer's tensor, stacked on axis 0 and then
+    permuted (the layer axis goes to :attr:`stack_axis`).
+    """
 
     torch: str
     permute: Perm | None = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the leaf is a stack of layers."""
+        return stack_prefix(self.torch) is not None
 
 
 #: What a record's constructor takes for one path: a Naming, ``(name, permutation)``, a name.
@@ -58,6 +138,12 @@ def _check(path: Any, entry: Any) -> Naming:
     name = entry.torch
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"naming record: {path!r} names {name!r}, which is not a PyTorch name.")
+    parts = name.split(".")
+    if parts.count(LAYER) > 1 or parts[-1] == LAYER or (LAYER in name and LAYER not in parts):
+        raise ValueError(
+            f"naming record: {path!r} names {name!r}; a stack's name has {LAYER} once, as a "
+            "module of its own (model.layers.{i}.mlp.weight)."
+        )
     return Naming(name, as_perm(entry.permute, f"naming record: the permutation of {path!r}"))
 
 

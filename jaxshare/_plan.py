@@ -22,7 +22,7 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import cast_to, numpy_dtype
 from jaxshare._perm import Perm, contiguous_transpose
 from jaxshare._report import ArrayInfo
-from jaxshare._source import TensorSource
+from jaxshare._source import Index, TensorSource
 
 __all__ = ["Plan", "PlanEntry", "PlannedSource", "ReadAhead"]
 
@@ -112,6 +112,28 @@ class Plan:
                 f"for {entry.name!r} expects {tuple(entry.info.shape)}."
             )
         return x
+
+    def read_slice(self, source: TensorSource, entry: PlanEntry, index: Index) -> np.ndarray:
+        """``array(source, entry)[index]`` (``index``: slices), reading only that
+        part of the source: the index is taken back through the permutation.
+
+        >>> from jaxshare.stream import TensorSource
+        >>> class One(TensorSource):
+        ...     infos = {"w": ArrayInfo((2, 3), "float32")}
+        ...     def read(self, name):
+        ...         return np.arange(6, dtype=np.float32).reshape(2, 3)
+        >>> e = PlanEntry("k", "w", (1, 0), ArrayInfo((3, 2), "float32"))
+        >>> Plan((e,), AliasMap()).read_slice(One(), e, (slice(2, 3),)).tolist()
+        [[2.0, 5.0]]
+        """
+        full = (*index, *(slice(None),) * (len(entry.info.shape) - len(index)))
+        perm = entry.perm
+        inner = full if perm is None else tuple(full[perm.index(j)] for j in range(len(full)))
+        x = source.read_slice(entry.source, inner)
+        dtype = numpy_dtype(entry.info.dtype)
+        if x.dtype != dtype:
+            x = x.astype(dtype)
+        return x if perm is None else contiguous_transpose(x, perm)
 
     def blocks(self, source: TensorSource, entry: PlanEntry) -> Iterable[np.ndarray]:
         """The output of ``entry`` as blocks in C order: the source's own blocks
@@ -237,6 +259,12 @@ class PlannedSource(TensorSource):
         if name in self._extra:
             return (self._extra[name],)
         return self._plan.blocks(self._source, self._entry(name))
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        """``array(name)[index]``, reading only that part of the planned source."""
+        if name in self._extra:
+            return np.asarray(self._extra[name][index])
+        return self._plan.read_slice(self._source, self._entry(name), index)
 
     def _entry(self, name: str) -> PlanEntry:
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize
+from jaxshare._naming import stack_axis
 from jaxshare._perm import Perm, permute_shape
 
 __all__ = ["ArrayInfo", "TieReport", "format_bytes"]
@@ -116,6 +117,19 @@ class TieReport:
     def bytes_saved(self) -> int:
         return self.bytes_total - self.bytes_stored
 
+    @property
+    def stacks(self) -> dict[str, tuple[str, int, int]]:
+        """``{path: (PyTorch name, layers, axis)}`` of the arrays that are stacks of
+        layers, as the item's naming record says (``model.layers.{i}.mlp.weight``)."""
+        naming = self.alias_map.naming
+        out: dict[str, tuple[str, int, int]] = {}
+        for path, info in self.arrays.items():
+            n = None if naming is None else naming.get(path)
+            if n is not None and n.stacked and info.shape:
+                axis = stack_axis(n.permute)
+                out[path] = (n.torch, info.shape[axis], axis)
+        return out
+
     def origin(self, alias: str) -> str:
         """Where the tie of ``alias`` comes from (see ``origins``)."""
         return self.origins.get(alias, "alias map")
@@ -154,6 +168,10 @@ class TieReport:
             "bytes_total": self.bytes_total,
             "bytes_saved": self.bytes_saved,
             "tie_groups": groups,
+            "stacks": [
+                {"path": path, "torch": name, "layers": layers, "axis": axis}
+                for path, (name, layers, axis) in self.stacks.items()
+            ],
             "alias_map": json.loads(self.alias_map.to_json()),
         }
 

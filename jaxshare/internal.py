@@ -32,6 +32,12 @@ if _typing.TYPE_CHECKING:
     from jaxshare._nnx import is_nnx_state as is_nnx_state
     from jaxshare._nnx import is_variable as is_variable
     from jaxshare._nnx import variable_value as variable_value
+    from jaxshare._naming import LAYER as LAYER
+    from jaxshare._naming import layer_name as layer_name
+    from jaxshare._naming import layer_perm as layer_perm
+    from jaxshare._naming import lift as lift
+    from jaxshare._naming import stack_axis as stack_axis
+    from jaxshare._naming import stack_prefix as stack_prefix
     from jaxshare._output import OutputKind as OutputKind
     from jaxshare._output import atomic_output as atomic_output
     from jaxshare._output import check_not_an_input as check_not_an_input
@@ -51,6 +57,11 @@ if _typing.TYPE_CHECKING:
     from jaxshare._perm import transpose as transpose
     from jaxshare._report import format_bytes as format_bytes
     from jaxshare._source import Index as Index
+    from jaxshare._stack import StackedSource as StackedSource
+    from jaxshare._stack import UnstackedSource as UnstackedSource
+    from jaxshare._stack import layer_prefixes as layer_prefixes
+    from jaxshare._stack import per_layer as per_layer
+    from jaxshare._stack import unstacked as unstacked
     from jaxshare._source import file_part as file_part
     from jaxshare._threads import parallel_map as parallel_map
     from jaxshare.formats._deepspeed import STAND_INS as STAND_INS
@@ -77,6 +88,14 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare._lazy": ["exports", "missing_extra"],
         "jaxshare._mapped": ["map_file"],
         "jaxshare._memory": ["Extent", "MemoryTies", "array_key", "memory_ties", "numpy_extent"],
+        "jaxshare._naming": [
+            "LAYER",
+            "layer_name",
+            "layer_perm",
+            "lift",
+            "stack_axis",
+            "stack_prefix",
+        ],
         "jaxshare._nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
         "jaxshare._output": ["OutputKind", "atomic_output", "check_not_an_input"],
         "jaxshare._paths": ["Path", "keypath_to_path", "nest", "render", "render_part", "split"],
@@ -92,6 +111,13 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare._plan": ["PlannedSource"],
         "jaxshare._report": ["format_bytes"],
         "jaxshare._source": ["Index", "file_part"],
+        "jaxshare._stack": [
+            "StackedSource",
+            "UnstackedSource",
+            "layer_prefixes",
+            "per_layer",
+            "unstacked",
+        ],
         "jaxshare._threads": ["parallel_map"],
         "jaxshare.formats._deepspeed": ["STAND_INS", "load_deepspeed_file"],
         "jaxshare.formats._hf": ["HF_DIRECTORY", "check_not_a_shard", "is_hf_directory"],

@@ -25,7 +25,7 @@ import asyncio
 import base64
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -37,6 +37,7 @@ import tensorstore as ts
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
+from jaxshare._naming import stack_axis
 from jaxshare._paths import nest
 from jaxshare._plan import Plan, PlanEntry, ReadAhead
 from jaxshare._progress import ProgressFn
@@ -132,6 +133,25 @@ class StreamedItem:
         if self.progress is not None:
             self.progress(self._done, len(self.plan.entries), entry.name, entry.info.nbytes)
 
+    def stack_axis(self, entry: PlanEntry) -> int | None:
+        """The layer axis of a stack of layers (its naming record says so), which is
+        written in per-layer chunks, one layer at a time; ``None`` otherwise."""
+        record = self.plan.alias_map.naming
+        naming = None if record is None else record.get(entry.name)
+        if naming is None or not naming.stacked or not entry.info.shape:
+            return None
+        return stack_axis(naming.permute)
+
+    def _job(self, entry: PlanEntry) -> tuple[int, Callable[[], Any]]:
+        """The read of one entry: its array, or for a stack, what reads its layers
+        (two layers counted: one read while the one before is written)."""
+        plan, source = self.plan, self.source
+        axis = self.stack_axis(entry)
+        if axis is None:
+            return plan.cost(source, entry), partial(plan.array, source, entry)
+        layer = entry.info.nbytes // max(1, entry.info.shape[axis])
+        return 2 * layer, partial(_Layers, plan, source, entry, axis)
+
     async def write(
         self,
         handler: _LeafHandler,
@@ -144,16 +164,13 @@ class StreamedItem:
         if jax.process_index() != 0:  # Orbax writes numpy arrays from process 0 only.
             return
         plan, source = self.plan, self.source
-        jobs = [
-            (plan.cost(source, leaf.entry), partial(plan.array, source, leaf.entry))
-            for leaf in leaves
-        ]
+        jobs = [self._job(leaf.entry) for leaf in leaves]
         # Orbax serializes each handler's leaves in a thread of their own: one at a time.
         with self._lock, ReadAhead(jobs, plan.budget(source)) as ahead:
             arrays = ahead.held()
             pending: set[asyncio.Task[None]] = set()
 
-            async def write_one(i: int, array: np.ndarray) -> None:
+            async def write_one(i: int, array: np.ndarray | _Layers) -> None:
                 try:
                     await handler.write_array(array, infos[i], args[i])
                 finally:  # Even a failed write frees its bytes: the next read goes on.
@@ -194,6 +211,23 @@ def _write_shardings(infos: Sequence[ocp.type_handlers.ParamInfo]) -> None:
     path.write_text(json.dumps(record))
 
 
+class _Layers(_Leaf):
+    """A stack of layers to write: each layer read (``read(k)``, the array with the
+    layer axis of length 1) only when it is written."""
+
+    __slots__ = ("axis", "plan", "source")
+
+    def __init__(self, plan: Plan, source: TensorSource, entry: PlanEntry, axis: int) -> None:
+        super().__init__(-1, entry)
+        self.plan, self.source, self.axis = plan, source, axis
+
+    def layer_index(self, k: int) -> tuple[slice, ...]:
+        return (*(slice(None),) * self.axis, slice(k, k + 1))
+
+    def read(self, k: int) -> np.ndarray:
+        return self.plan.read_slice(self.source, self.entry, self.layer_index(k))
+
+
 class _LeafHandler(ocp.type_handlers.NumpyHandler):
     """Orbax's numpy handler, writing each placeholder's array when its turn comes.
 
@@ -225,12 +259,14 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
         ]
 
     async def write_array(
-        self, array: np.ndarray, info: ocp.type_handlers.ParamInfo, arg: ocp.SaveArgs
+        self, array: np.ndarray | _Layers, info: ocp.type_handlers.ParamInfo, arg: ocp.SaveArgs
     ) -> None:
         """Writes one array where and as Orbax writes a numpy array, in blocks of
         whole storage chunks of about :data:`WRITE_BLOCK_BYTES`, each committed
         before the next: TensorStore buffers a write's encoded chunks until it
-        commits, so a large array written at once would hold about its size again."""
+        commits, so a large array written at once would hold about its size again.
+        A stack of layers is stored in per-layer chunks (so a later read takes
+        one layer at a time), each layer read and written in turn."""
         await info.await_path_creation()
         use_ocdbt = bool(info.is_ocdbt_checkpoint)
         spec = ocp.type_handlers.get_json_tspec_write(
@@ -242,7 +278,19 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
             process_index=jax.process_index() if use_ocdbt else None,
             arg=arg,
         )
+        if isinstance(array, _Layers):
+            chunks = list(array.shape)
+            chunks[array.axis] = 1
+            _set_chunks(spec, chunks)
         store = await ts.open(ts.Spec(spec), create=True, open=True, context=info.ts_context)
+        if isinstance(array, _Layers):
+            for k in range(array.shape[array.axis]):
+                layer = await asyncio.to_thread(array.read, k)
+                await store[array.layer_index(k)].write(
+                    layer, can_reference_source_data_indefinitely=True
+                )
+                del layer
+            return
         if array.ndim == 0:
             await store.write(array, can_reference_source_data_indefinitely=True)
             return
@@ -255,3 +303,12 @@ class _LeafHandler(ocp.type_handlers.NumpyHandler):
             await store[start:stop].write(
                 array[start:stop], can_reference_source_data_indefinitely=True
             )
+
+
+def _set_chunks(spec: dict[str, Any], chunks: list[int]) -> None:
+    """Sets the chunk shape of a TensorStore zarr spec that Orbax built."""
+    metadata = spec.setdefault("metadata", {})
+    if spec.get("driver") == "zarr3":
+        metadata["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": chunks}}
+    else:
+        metadata["chunks"] = chunks

@@ -51,6 +51,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             config=args.config,
             max_shard_size=args.max_shard_size,
             layout=args.layout,
+            stack=args.stack,
+            stack_axis=args.stack_axis,
             force=args.force,
             progress=progress,
         )
@@ -119,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the Flax layout of a conversion between PyTorch and Flax names "
         "(default: what the Flax tree and its config.json show, else jaxshare)",
+    )
+    p.add_argument(
+        "--stack",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="scanned layers: the tensors PREFIX.{i}.* are one Flax leaf per weight, "
+        "stacked on the way to Flax and split on the way back (e.g. model.layers; repeatable)",
+    )
+    p.add_argument(
+        "--stack-axis",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the Flax axis of the layers of --stack (default 0; MaxText's is 1)",
     )
     p.add_argument(
         "--force", action="store_true", help="replace DST if it is an output of the same kind"

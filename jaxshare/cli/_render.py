@@ -92,6 +92,17 @@ def print_report(report: TieReport, stream: TextIO | None = None) -> None:
         console.print(_table(report, stream.isatty()))
     else:
         console.print("no ties")
+    stacks = report.stacks
+    if stacks:
+        console.print(Text(f"stacks of layers: {len(stacks)}"))
+        for path, (name, layers, axis) in stacks.items():
+            info = report.arrays[path]
+            console.print(
+                Text(
+                    f"  {path}  {layers} layers on axis {axis}  {info.shape} {info.dtype}  "
+                    f"<- {name}"
+                )
+            )
     console.print(Text(summary))
 
 
