@@ -9,7 +9,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Nothing is ever downloaded from a model hub, by tests or by the demo.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint venv bench fixtures flax-fixtures clean
+.PHONY: demo test lint venv bench fixtures flax-fixtures maxtext-fixtures clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,10 @@ fixtures: $(BENCH_VENV)/.installed-stamp
 # for the transformers-flax layout; transformers 5 (in .venv) has no Flax classes.
 flax-fixtures: $(BENCH_VENV)/.installed-stamp
 	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python tests/data/transformers_flax/make_fixtures.py
+
+# MaxText-layout items of tiny Llama, Mistral and Gemma models, by MaxText's mapping.
+maxtext-fixtures: $(STAMP)
+	$(BIN)/python tests/data/maxtext/make_fixture.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge._layouts import Layout, as_layout
+from bridge._maxtext import maxtext_view
 from bridge._open import opened
 from bridge._outputs import FORMATS, NAMES, Format
 from bridge._relayout import place_any
@@ -243,6 +244,9 @@ def _plan(
             return Plan.identity(source), source
         placement, placed = place_any(source, like=None, rules=rules, layout=layout)
         return placement.plan(placed), placed
+    if layout is not None and layout.reshapes and flax:  # A MaxText item's own view.
+        view = maxtext_view(source)
+        return Plan.identity(view), view
     if layout is not None and not flax:
         raise UsageError(
             f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from bridge._hf_config import ConfigTies, config_dict, config_ties
-from bridge._layouts import Family, Layout, detect_layout
+from bridge._layouts import Family, Layout, as_layout, detect_layout
+from bridge._maxtext import maxtext_view
 from bridge._open import open_source
 from bridge._rules import Rule, Rules, as_rules
 from bridge._torch_naming import torch_plan
@@ -265,6 +266,8 @@ def save_hf(
                     f"({source.where} has none)."
                 )
         cfg = config_dict(config)
+        if layout is not None and as_layout(layout).reshapes and source.flax_named:
+            source = maxtext_view(source, cfg)  # MaxText's item as its PyTorch tensors.
         found = meta(cfg)
         if plan is None:
             # Stacks of layers (a scanned tree's) as layers, each read as its slice.

@@ -38,6 +38,7 @@ from jaxshare.internal import split
 __all__ = [
     "JAXSHARE",
     "LAYOUTS",
+    "MAXTEXT",
     "TRANSFORMERS_FLAX",
     "TRANSFORMERS_FLAX_FAMILIES",
     "Family",
@@ -149,6 +150,10 @@ class Layout:
       rules: the naming and layout rules, in order.
       collections: whether paths start with the linen collection (``params/``).
       families: family quirks, found by ``config.json``'s ``model_type``.
+      reshapes: the layout reshapes and rescales tensors, beyond naming and
+        permuting them (MaxText's heads on axes of their own, its scaled query):
+        its files are converted by a source of its own (``bridge._maxtext``),
+        in ``convert``, ``save_hf`` and ``to_flax`` of files, not by rules.
 
     >>> TRANSFORMERS_FLAX.family({"model_type": "llama"}).tied_leaves
     frozenset({'lm_head.weight'})
@@ -158,6 +163,7 @@ class Layout:
     rules: tuple[Rule, ...]
     collections: bool = True
     families: tuple[Family, ...] = ()
+    reshapes: bool = False
 
     def family(self, config: Mapping[str, Any] | None) -> Family | None:
         """The family of ``config`` (a ``config.json`` dict), ``None`` if none is known."""
@@ -167,6 +173,12 @@ class Layout:
     def resolve(self, config: Mapping[str, Any] | None, base: RulesArg = None) -> Rules:
         """The rules of this layout for the model of ``config``; ``base`` gives the
         layer tables and list naming (a layout replaces its rule list)."""
+        if self.reshapes:
+            raise ValueError(
+                f"the {self.name} layout reshapes tensors, which naming rules cannot: convert "
+                f"its files with `jaxshare convert --layout {self.name}` (bridge.convert, "
+                "bridge.save_hf), then use the Hugging Face directory or item it writes."
+            )
         base = as_rules(base)
         family = self.family(config)
         return dataclasses.replace(
@@ -193,9 +205,13 @@ TRANSFORMERS_FLAX = Layout(
     families=TRANSFORMERS_FLAX_FAMILIES,
 )
 
+#: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
+#: layers/...``, the layers on axis 1), converted by ``bridge._maxtext``.
+MAXTEXT = Layout("maxtext", DEFAULT_RULES, reshapes=True)
+
 #: The layouts by name.
 LAYOUTS: Mapping[str, Layout] = MappingProxyType(
-    {layout.name: layout for layout in (JAXSHARE, TRANSFORMERS_FLAX)}
+    {layout.name: layout for layout in (JAXSHARE, TRANSFORMERS_FLAX, MAXTEXT)}
 )
 
 

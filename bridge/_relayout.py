@@ -16,6 +16,7 @@ from typing import Any
 
 from bridge._flax_placement import FlaxPlan, Slot, place_source
 from bridge._layouts import JAXSHARE, Layout, as_layout, detect_layout
+from bridge._maxtext import maxtext_view
 from bridge._rules import Rules
 from bridge._torch_naming import torch_plan
 from jaxshare import AliasMap
@@ -32,6 +33,16 @@ def place_any(
     PyTorch-named one by :func:`place_source`; a Flax-named one as it is, when it is
     in the layout asked for (``layout`` unset or its own, no ``like``), else through
     its PyTorch names."""
+    if layout is not None and as_layout(layout).reshapes:  # MaxText: a view of its own.
+        if like is not None:
+            raise ValueError(
+                f"`like=` places by rules, which the {as_layout(layout).name} layout is not."
+            )
+        source = source if source.flax_named else maxtext_view(source)
+        slots = {name: Slot(split(name), None) for name in [*source.infos, *source.ties]}
+        return FlaxPlan(
+            slots, [n for n in source.infos if n not in source.ties], source.ties
+        ), source
     if source.flax_named:
         kept = _kept_as_is(source, like, layout)
         if kept is not None:

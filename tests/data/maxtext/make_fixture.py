@@ -1,0 +1,548 @@
+"""Tiny Hugging Face models and their MaxText checkpoints, converted as MaxText converts them.
+
+Regenerate from the repository root (nothing is downloaded; about 10 s)::
+
+    make maxtext-fixtures   # HF_HUB_OFFLINE=1 .venv/bin/python tests/data/maxtext/make_fixture.py
+
+For each model below (the folder name is its id) the script builds the PyTorch model
+from a small config in code (float32, ``torch.manual_seed(0)``, the RMS norms' weights
+drawn at random too, so that the norm mapping is seen), and writes into ``<id>/``:
+
+- ``hf/``: ``save_pretrained`` (``config.json``, ``generation_config.json``,
+  ``model.safetensors``);
+- ``maxtext/0/items/``: the model's weights converted to MaxText's layout by the
+  MaxText script named in :data:`MODELS`, re-implemented below line by line (this
+  file does not import jaxshare), and written by plain Orbax
+  (``ocp.StandardCheckpointer().save``) as the ``TrainState`` MaxText's converters
+  save: ``{"step": 0, "params": {"params": weights}}``, at ``<dir>/0/items`` where
+  MaxText's ``to_maxtext.py`` writes it;
+- ``input_ids.npy`` and ``logits.npy``: fixed token ids (int64, ``(2, 8)``) and the
+  PyTorch model's logits on them (float32).
+
+``manifest.json`` records, per id, the MaxText model the conversion stands for, the
+script it follows, whether RoPE is permuted, MaxText's vocabulary size and every
+leaf's path, shape and dtype. Everything but Orbax's own metadata (timestamps) is
+identical from run to run.
+
+Where the scripts are followed, and how this differs from running them (MaxText needs
+TPU-era JAX and its own configs, not installed here): the arrays stay float32 (the
+scripts cast to bfloat16 by default: ``--save_dtype``, ``CAST_DTYPE``), and the
+tree is saved directly rather than through MaxText's ``CheckpointManager`` (which
+writes the same PyTree item under ``0/items``). Paths are
+``src/maxtext/checkpoint_conversion/...`` of github.com/AI-Hypercomputer/maxtext.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import torch
+import transformers
+
+HERE = Path(__file__).resolve().parent
+CAST_DTYPE = np.float32  # llama_or_mistral_ckpt.py: ml_dtypes.bfloat16; kept float32 here.
+PARAM_SCAN_AXIS = 1  # configs/base.yml: param_scan_axis: 1 (scan_layers: true).
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=3,
+    intermediate_size=96,
+    vocab_size=128,
+    dtype="float32",
+)
+
+
+def llama_config(tied: bool) -> transformers.PretrainedConfig:
+    return transformers.LlamaConfig(
+        **SMALL,
+        max_position_embeddings=16384,  # (Llama 3's RoPE scales beyond the original 8192.)
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters=dict(LLAMA3_ROPE),
+        tie_word_embeddings=tied,
+    )
+
+
+def mistral_config() -> transformers.PretrainedConfig:
+    # head_dim 8: sqrt(8) is not a power of two, so the query's scaling rounds.
+    return transformers.MistralConfig(
+        **SMALL,
+        max_position_embeddings=128,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
+
+
+def gemma_config() -> transformers.PretrainedConfig:
+    return transformers.GemmaConfig(
+        **SMALL,
+        max_position_embeddings=128,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 1. LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN(saving_to_hf=False), utils/param_mapping.py, as
+#    to_maxtext.py applies it: each HF tensor through its hook chain (reversed for
+#    to_maxtext), with the per-layer MaxText shape as target_shape, then
+#    _build_single_axis_stacked_tensor: np.stack(tensors, axis=config.param_scan_axis).
+#    Names: LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING(scan_layers=True). The MaxText models:
+#    llama3.1-8b (untied); a tied one is the same model with logits_via_embedding: true,
+#    whose state has no logits_dense, so validate_and_filter_param_map_keys
+#    (utils/utils.py) skips "params-decoder-logits_dense-kernel".
+# ---------------------------------------------------------------------------------------
+
+
+def llama31_to_maxtext(hf: dict[str, np.ndarray], cfg: dict, tied: bool) -> dict[str, np.ndarray]:
+    n_layers = cfg["num_hidden_layers"]
+    head_dim = cfg["head_dim"]
+    emb = cfg["hidden_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def scale_query_layer(input_tensor, target_shape):  # saving_to_hf=False branch
+        depth_scale = np.dtype("float32").type(1 / np.sqrt(head_dim))
+        original_dtype = input_tensor.dtype
+        output_tensor = input_tensor.astype(np.float32) * depth_scale
+        return output_tensor.astype(original_dtype)
+
+    def adjust_rope(input_tensor, target_shape):  # HF's concatenated -> MaxText's interleaved
+        arr = input_tensor
+        half_dim = arr.shape[-1] // 2
+        first_half = arr[..., :half_dim]
+        second_half = arr[..., half_dim:]
+        return np.stack([first_half, second_half], axis=-1).reshape(arr.shape)
+
+    def reshape_kernel(input_tensor, target_shape):
+        return input_tensor.transpose().reshape(target_shape)
+
+    query_hook_chain = [scale_query_layer, adjust_rope, reshape_kernel]
+    key_hook_chain = [adjust_rope, reshape_kernel]
+    query_hook_chain.reverse()  # to_maxtext
+    key_hook_chain.reverse()
+
+    def apply(hooks, x, target_shape):  # utils.apply_hook_fns
+        for hook in hooks if isinstance(hooks, list) else [hooks]:
+            x = hook(x, target_shape)
+        return x
+
+    def stacked(hf_name: str, hooks, target_shape) -> np.ndarray:
+        tensors = [
+            hf[hf_name.format(i=i)]
+            if hooks is None
+            else apply(hooks, hf[hf_name.format(i=i)], target_shape)
+            for i in range(n_layers)
+        ]
+        return np.stack(tensors, axis=PARAM_SCAN_AXIS)
+
+    layer = "model.layers.{i}."
+    f = cfg["intermediate_size"]
+    out = {
+        "token_embedder/embedding": hf["model.embed_tokens.weight"],
+        "decoder/decoder_norm/scale": hf["model.norm.weight"],
+        "decoder/layers/self_attention/query/kernel": stacked(
+            layer + "self_attn.q_proj.weight", query_hook_chain, (emb, heads, head_dim)
+        ),
+        "decoder/layers/self_attention/key/kernel": stacked(
+            layer + "self_attn.k_proj.weight", key_hook_chain, (emb, kv, head_dim)
+        ),
+        "decoder/layers/self_attention/value/kernel": stacked(
+            layer + "self_attn.v_proj.weight", reshape_kernel, (emb, kv, head_dim)
+        ),
+        "decoder/layers/self_attention/out/kernel": stacked(
+            layer + "self_attn.o_proj.weight", reshape_kernel, (heads, head_dim, emb)
+        ),
+        "decoder/layers/mlp/wi_0/kernel": stacked(
+            layer + "mlp.gate_proj.weight", reshape_kernel, (emb, f)
+        ),
+        "decoder/layers/mlp/wi_1/kernel": stacked(
+            layer + "mlp.up_proj.weight", reshape_kernel, (emb, f)
+        ),
+        "decoder/layers/mlp/wo/kernel": stacked(
+            layer + "mlp.down_proj.weight", reshape_kernel, (f, emb)
+        ),
+        "decoder/layers/pre_self_attention_layer_norm/scale": stacked(
+            layer + "input_layernorm.weight", None, (emb,)
+        ),
+        "decoder/layers/post_self_attention_layer_norm/scale": stacked(
+            layer + "post_attention_layernorm.weight", None, (emb,)
+        ),
+    }
+    if not tied:
+        out["decoder/logits_dense/kernel"] = reshape_kernel(
+            hf["lm_head.weight"], (emb, cfg["vocab_size"])
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 2. _convert_huggingface_to_jax_weights, standalone_scripts/llama_or_mistral_ckpt.py,
+#    model_size "mistral-7b" (--huggingface-checkpoint true): the HF names renamed by
+#    _hf_to_maxtext_mapping (gate_proj -> w1, up_proj -> w2, down_proj -> w3), every
+#    kernel transposed, q/k/v/o reshaped with the embedding written
+#    base_num_query_heads * head_dim, stacked on axis 0 then transposed to
+#    (embed, layer, ...), no RoPE permutation (model_size[:8] != "llama3.1"), and the
+#    query kernel divided by np.sqrt(head_dim).astype(CAST_DTYPE).
+# ---------------------------------------------------------------------------------------
+
+
+def mistral_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
+    base_num_decoder_layers = cfg["num_hidden_layers"]
+    base_num_query_heads = cfg["num_attention_heads"]
+    head_dim = cfg["head_dim"]
+    base_num_kv_heads = cfg["num_key_value_heads"]
+    vocab_size = cfg["vocab_size"]
+    assert base_num_query_heads * head_dim == cfg["hidden_size"]  # as the script assumes
+
+    chkpt_vars = {}
+    for key, value in hf.items():  # _hf_to_maxtext_mapping
+        parts = key.split(".")
+        layer = int(parts[2]) if "layers" in key else 0
+        chkpt_vars[_hf_to_maxtext_mapping(layer)[key]] = value
+
+    jax_weights: dict = {
+        "decoder": {
+            "layers": {
+                "pre_self_attention_layer_norm": {"scale": None},
+                "post_self_attention_layer_norm": {"scale": None},
+                "self_attention": {
+                    "query": {"kernel": None},
+                    "key": {"kernel": None},
+                    "value": {"kernel": None},
+                    "out": {"kernel": None},
+                },
+                "mlp": {"wi_0": {"kernel": None}, "wi_1": {"kernel": None}, "wo": {"kernel": None}},
+            },
+            "decoder_norm": {"scale": None},
+            "logits_dense": {"kernel": None},
+        },
+        "token_embedder": {"embedding": None},
+    }
+    jax_weights["decoder"]["decoder_norm"]["scale"] = chkpt_vars["norm.weight"].astype(CAST_DTYPE)
+    jax_weights["decoder"]["logits_dense"]["kernel"] = (
+        chkpt_vars["output.weight"].astype(CAST_DTYPE).transpose()[:, :vocab_size]
+    )
+    jax_weights["token_embedder"]["embedding"] = chkpt_vars["tok_embeddings.weight"].astype(
+        CAST_DTYPE
+    )[:vocab_size, :]
+
+    self_attention = jax_weights["decoder"]["layers"]["self_attention"]
+    stack_shape = (base_num_decoder_layers,)
+    for layer_idx in range(base_num_decoder_layers):
+        wq = chkpt_vars[f"layers.{layer_idx}.attention.wq.weight"].astype(CAST_DTYPE).transpose()
+        wk = chkpt_vars[f"layers.{layer_idx}.attention.wk.weight"].astype(CAST_DTYPE).transpose()
+        wv = chkpt_vars[f"layers.{layer_idx}.attention.wv.weight"].astype(CAST_DTYPE).transpose()
+        wq = np.reshape(wq, [base_num_query_heads * head_dim, base_num_query_heads, head_dim])
+        wk = np.reshape(wk, [base_num_query_heads * head_dim, base_num_kv_heads, head_dim])
+        wv = np.reshape(wv, [base_num_query_heads * head_dim, base_num_kv_heads, head_dim])
+        w_post = chkpt_vars[f"layers.{layer_idx}.attention.wo.weight"].astype(CAST_DTYPE)
+        w_post = np.reshape(
+            w_post, [base_num_query_heads * head_dim, base_num_query_heads, head_dim]
+        )
+        if self_attention["query"]["kernel"] is None:
+            self_attention["query"]["kernel"] = np.zeros(stack_shape + wq.shape, dtype=CAST_DTYPE)
+            self_attention["key"]["kernel"] = np.zeros(stack_shape + wk.shape, dtype=CAST_DTYPE)
+            self_attention["value"]["kernel"] = np.zeros(stack_shape + wv.shape, dtype=CAST_DTYPE)
+            self_attention["out"]["kernel"] = np.zeros(stack_shape + w_post.shape, dtype=CAST_DTYPE)
+        self_attention["query"]["kernel"][layer_idx, ...] = wq
+        self_attention["key"]["kernel"][layer_idx, ...] = wk
+        self_attention["value"]["kernel"][layer_idx, ...] = wv
+        self_attention["out"]["kernel"][layer_idx, ...] = w_post
+    self_attention["query"]["kernel"] = np.transpose(
+        self_attention["query"]["kernel"], axes=(1, 0, 2, 3)
+    )
+    self_attention["key"]["kernel"] = np.transpose(
+        self_attention["key"]["kernel"], axes=(1, 0, 2, 3)
+    )
+    self_attention["value"]["kernel"] = np.transpose(
+        self_attention["value"]["kernel"], axes=(1, 0, 2, 3)
+    )
+    self_attention["out"]["kernel"] = np.transpose(
+        self_attention["out"]["kernel"], axes=(2, 0, 3, 1)
+    )
+    self_attention["query"]["kernel"] = self_attention["query"]["kernel"] / (
+        np.sqrt(head_dim).astype(CAST_DTYPE)
+    )
+
+    layer_weight = jax_weights["decoder"]["layers"]
+    for layer_idx in range(base_num_decoder_layers):
+        pre = chkpt_vars[f"layers.{layer_idx}.attention_norm.weight"].astype(CAST_DTYPE)
+        post = chkpt_vars[f"layers.{layer_idx}.ffn_norm.weight"].astype(CAST_DTYPE)
+        if layer_weight["pre_self_attention_layer_norm"]["scale"] is None:
+            layer_weight["pre_self_attention_layer_norm"]["scale"] = np.zeros(
+                stack_shape + pre.shape, dtype=CAST_DTYPE
+            )
+            layer_weight["post_self_attention_layer_norm"]["scale"] = np.zeros(
+                stack_shape + post.shape, dtype=CAST_DTYPE
+            )
+        layer_weight["pre_self_attention_layer_norm"]["scale"][layer_idx, ...] = pre
+        layer_weight["post_self_attention_layer_norm"]["scale"][layer_idx, ...] = post
+    for norm in ("pre_self_attention_layer_norm", "post_self_attention_layer_norm"):
+        layer_weight[norm]["scale"] = np.transpose(layer_weight[norm]["scale"], axes=(1, 0))
+
+    for layer_idx in range(base_num_decoder_layers):
+        wi_0 = (
+            chkpt_vars[f"layers.{layer_idx}.feed_forward.w1.weight"].astype(CAST_DTYPE).transpose()
+        )
+        wi_1 = (
+            chkpt_vars[f"layers.{layer_idx}.feed_forward.w2.weight"].astype(CAST_DTYPE).transpose()
+        )
+        wo = chkpt_vars[f"layers.{layer_idx}.feed_forward.w3.weight"].astype(CAST_DTYPE).transpose()
+        if layer_weight["mlp"]["wi_0"]["kernel"] is None:
+            layer_weight["mlp"]["wi_0"]["kernel"] = np.zeros(
+                stack_shape + wi_0.shape, dtype=CAST_DTYPE
+            )
+            layer_weight["mlp"]["wi_1"]["kernel"] = np.zeros(
+                stack_shape + wi_1.shape, dtype=CAST_DTYPE
+            )
+            layer_weight["mlp"]["wo"]["kernel"] = np.zeros(stack_shape + wo.shape, dtype=CAST_DTYPE)
+        layer_weight["mlp"]["wi_0"]["kernel"][layer_idx, ...] = wi_0
+        layer_weight["mlp"]["wi_1"]["kernel"][layer_idx, ...] = wi_1
+        layer_weight["mlp"]["wo"]["kernel"][layer_idx, ...] = wo
+    for w in ("wi_0", "wi_1", "wo"):
+        layer_weight["mlp"][w]["kernel"] = np.transpose(
+            layer_weight["mlp"][w]["kernel"], axes=(1, 0, 2)
+        )
+    return _flat(jax_weights)
+
+
+def _hf_to_maxtext_mapping(layer_idx: int) -> dict[str, str]:
+    """llama_or_mistral_ckpt.py ``_hf_to_maxtext_mapping``: the entries a dense model uses."""
+    hf, meta = f"model.layers.{layer_idx}.", f"layers.{layer_idx}."
+    return {
+        "model.embed_tokens.weight": "tok_embeddings.weight",
+        "model.norm.weight": "norm.weight",
+        "lm_head.weight": "output.weight",
+        f"{hf}input_layernorm.weight": f"{meta}attention_norm.weight",
+        f"{hf}post_attention_layernorm.weight": f"{meta}ffn_norm.weight",
+        f"{hf}self_attn.q_proj.weight": f"{meta}attention.wq.weight",
+        f"{hf}self_attn.k_proj.weight": f"{meta}attention.wk.weight",
+        f"{hf}self_attn.v_proj.weight": f"{meta}attention.wv.weight",
+        f"{hf}self_attn.o_proj.weight": f"{meta}attention.wo.weight",
+        f"{hf}mlp.gate_proj.weight": f"{meta}feed_forward.w1.weight",
+        f"{hf}mlp.up_proj.weight": f"{meta}feed_forward.w2.weight",
+        f"{hf}mlp.down_proj.weight": f"{meta}feed_forward.w3.weight",
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# 3. Gemma (1) from HF. MaxText has no HF -> MaxText script for Gemma 1 (only
+#    standalone_scripts/convert_gemma_chkpt.py, from the original Flax checkpoint), so
+#    this composes the two it has: convert_gemma_chkpt.py's tree and names
+#    (pre_self_attention_norm, pre_ffw_norm, no logits_dense: gemma-*.yml has
+#    logits_via_embedding: true) with GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN
+#    (saving_to_hf=False), utils/param_mapping.py, for the values: reshape_kernel,
+#    scale_query_layer, scale_rmsnorm_layer and pad_hf_embedding_layer (MaxText pads
+#    the vocabulary: 256000 -> 256128 there, 128 -> MAXTEXT_GEMMA_VOCAB here).
+#    convert_gemma_chkpt.py agrees: every norm "scale + 1", the embedding
+#    "* jnp.sqrt(embed_dim)", the query "* head_dim**-0.5".
+# ---------------------------------------------------------------------------------------
+
+MAXTEXT_GEMMA_VOCAB = 160
+
+
+def gemma_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
+    n_layers = cfg["num_hidden_layers"]
+    emb, head_dim, f = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def pad_hf_embedding_layer(input_tensor, target_shape):
+        normalizer = np.dtype("float32").type(cfg["hidden_size"] ** 0.5)
+        target_tensor = np.zeros(target_shape, dtype=input_tensor.dtype)
+        target_tensor[: input_tensor.shape[0], : input_tensor.shape[1]] = input_tensor
+        target_tensor = target_tensor * normalizer
+        target_tensor = target_tensor.astype(input_tensor.dtype)
+        return target_tensor
+
+    def reshape_kernel(input_tensor, target_shape):
+        return input_tensor.T.reshape(target_shape)
+
+    def scale_rmsnorm_layer(input_tensor, target_shape):
+        return (input_tensor + 1.0).reshape(target_shape)
+
+    def scale_query_layer(input_tensor, target_shape):
+        depth_scale = np.dtype("float32").type(1 / np.sqrt(cfg["head_dim"]))
+        return (input_tensor * depth_scale).astype(input_tensor.dtype)
+
+    query_hook_chain = [reshape_kernel, scale_query_layer]
+
+    def apply(hooks, x, target_shape):
+        for hook in hooks if isinstance(hooks, list) else [hooks]:
+            x = hook(x, target_shape)
+        return x
+
+    def stacked(hf_name: str, hooks, target_shape) -> np.ndarray:
+        tensors = [apply(hooks, hf[hf_name.format(i=i)], target_shape) for i in range(n_layers)]
+        return np.stack(tensors, axis=PARAM_SCAN_AXIS)
+
+    layer = "model.layers.{i}."
+    return {
+        "token_embedder/embedding": pad_hf_embedding_layer(
+            hf["model.embed_tokens.weight"], (MAXTEXT_GEMMA_VOCAB, emb)
+        ),
+        "decoder/decoder_norm/scale": scale_rmsnorm_layer(hf["model.norm.weight"], (emb,)),
+        "decoder/layers/self_attention/query/kernel": stacked(
+            layer + "self_attn.q_proj.weight", query_hook_chain, (emb, heads, head_dim)
+        ),
+        "decoder/layers/self_attention/key/kernel": stacked(
+            layer + "self_attn.k_proj.weight", reshape_kernel, (emb, kv, head_dim)
+        ),
+        "decoder/layers/self_attention/value/kernel": stacked(
+            layer + "self_attn.v_proj.weight", reshape_kernel, (emb, kv, head_dim)
+        ),
+        "decoder/layers/self_attention/out/kernel": stacked(
+            layer + "self_attn.o_proj.weight", reshape_kernel, (heads, head_dim, emb)
+        ),
+        "decoder/layers/mlp/wi_0/kernel": stacked(
+            layer + "mlp.gate_proj.weight", reshape_kernel, (emb, f)
+        ),
+        "decoder/layers/mlp/wi_1/kernel": stacked(
+            layer + "mlp.up_proj.weight", reshape_kernel, (emb, f)
+        ),
+        "decoder/layers/mlp/wo/kernel": stacked(
+            layer + "mlp.down_proj.weight", reshape_kernel, (f, emb)
+        ),
+        "decoder/layers/pre_self_attention_norm/scale": stacked(
+            layer + "input_layernorm.weight", scale_rmsnorm_layer, (emb,)
+        ),
+        "decoder/layers/pre_ffw_norm/scale": stacked(
+            layer + "post_attention_layernorm.weight", scale_rmsnorm_layer, (emb,)
+        ),
+    }
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for key in sorted(tree):
+        value = tree[key]
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _nest(flat: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = np.ascontiguousarray(value)
+    return tree
+
+
+#: id -> (config, model class, converter, MaxText model it stands for, script, RoPE permuted).
+MODELS: dict[str, tuple[Callable, type, Callable, str, str, bool]] = {
+    "llama": (
+        lambda: llama_config(tied=False),
+        transformers.LlamaForCausalLM,
+        lambda hf, cfg: llama31_to_maxtext(hf, cfg, tied=False),
+        "llama3.1-8b",
+        "utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN (to_maxtext.py)",
+        True,
+    ),
+    "llama_tied": (
+        lambda: llama_config(tied=True),
+        transformers.LlamaForCausalLM,
+        lambda hf, cfg: llama31_to_maxtext(hf, cfg, tied=True),
+        "llama3.1 with logits_via_embedding: true, normalize_embedding_logits: false",
+        "utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN (to_maxtext.py), "
+        "no logits_dense",
+        True,
+    ),
+    "mistral": (
+        mistral_config,
+        transformers.MistralForCausalLM,
+        mistral_to_maxtext,
+        "mistral-7b",
+        "standalone_scripts/llama_or_mistral_ckpt.py _convert_huggingface_to_jax_weights",
+        False,
+    ),
+    "gemma": (
+        gemma_config,
+        transformers.GemmaForCausalLM,
+        gemma_to_maxtext,
+        "gemma-2b",
+        "standalone_scripts/convert_gemma_chkpt.py names + utils/param_mapping.py "
+        "GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN values",
+        False,
+    ),
+}
+
+
+def build(model_id: str) -> dict:
+    make_config, model_class, convert, maxtext_model, script, permuted = MODELS[model_id]
+    out = HERE / model_id
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(0)
+    config = make_config()
+    model = model_class(config).eval()
+    with torch.no_grad():  # Random norms (Llama: about 1, Gemma: about 0), so the mapping shows.
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                base = 0.0 if model_id == "gemma" else 1.0
+                p.copy_(base + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out / "hf")
+    cfg = json.loads((out / "hf" / "config.json").read_text())
+    hf = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        hf.pop("lm_head.weight")  # save_pretrained leaves the tied head out too.
+    weights = convert(hf, cfg)
+    tree = {"step": 0, "params": {"params": _nest(weights)}}  # utils.save_weights_to_checkpoint
+    item = (out / "maxtext" / "0" / "items").absolute()
+    item.parent.mkdir(parents=True)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(item, tree)
+        checkpointer.wait_until_finished()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, config.vocab_size, size=(2, 8)).astype(np.int64)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids)).logits.numpy().astype(np.float32)
+    np.save(out / "input_ids.npy", ids)
+    np.save(out / "logits.npy", logits)
+    return {
+        "model_type": cfg["model_type"],
+        "architecture": model_class.__name__,
+        "maxtext_model": maxtext_model,
+        "script": script,
+        "rope_permuted": permuted,
+        "maxtext_vocab_size": int(weights["token_embedder/embedding"].shape[0]),
+        "tied": bool(config.tie_word_embeddings),
+        "leaves": {
+            f"params/params/{p}": f"{a.dtype} {list(a.shape)}" for p, a in sorted(weights.items())
+        },
+    }
+
+
+def main(ids: list[str]) -> None:
+    manifest_path = HERE / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for model_id in ids or list(MODELS):
+        manifest[model_id] = build(model_id)
+        print(f"{model_id}: {HERE / model_id}")
+    manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
