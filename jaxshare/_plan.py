@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import cast_to, numpy_dtype
-from jaxshare._perm import Perm, contiguous_transpose
+from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource
 
@@ -259,6 +259,13 @@ class PlannedSource(TensorSource):
         if name in self._extra:
             return (self._extra[name],)
         return self._plan.blocks(self._source, self._entry(name))
+
+    def chunk_shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self._extra:
+            return None
+        entry = self._entry(name)
+        chunks = self._source.chunk_shape(entry.source)
+        return None if chunks is None else permute_shape(chunks, entry.perm)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``array(name)[index]``, reading only that part of the planned source."""

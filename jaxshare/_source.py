@@ -94,6 +94,12 @@ class TensorSource(abc.ABC):
         a tensor without the rest (a mapped file) read only those bytes."""
         return np.asarray(self.read(name)[index])
 
+    def chunk_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of the chunks the source stores ``name`` in, where a read of
+        part of a chunk decodes all of it (an Orbax item's TensorStore chunks);
+        ``None`` where any part is read alone (a mapped file, memory)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 -- optional: most sources hold no file open.
         """Releases files; arrays already returned stay valid."""
 

@@ -24,6 +24,7 @@ Nothing here imports JAX or torch.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
@@ -296,9 +297,11 @@ class StackedSource(_Layered):
 
 class UnstackedSource(_Layered):
     """A source whose stacks (names with :data:`LAYER`, shape ``(L, *shape)``) are
-    given as their per-layer tensors, each read as one slice of its stack (so a
-    stack stored in per-layer chunks is read one layer at a time); other tensors
-    and ties as they are, a tie of stacks a tie in every layer.
+    given as their per-layer tensors, stack after stack, each read as one slice of
+    its stack (so a stack stored in per-layer chunks is read one layer at a time;
+    one stored in chunks that span layers is read whole once, and kept while its
+    layers are read); other tensors and ties as they are, a tie of stacks a tie in
+    every layer.
 
     >>> from jaxshare.stream import TensorSource, ArrayInfo
     >>> class Stack(TensorSource):
@@ -317,14 +320,16 @@ class UnstackedSource(_Layered):
         if flat:
             raise ValueError(f"{source.where}: the stack {flat[0]!r} is 0-D: it has no layers.")
         infos: dict[str, ArrayInfo] = {}
-        for name, stack, k in per_layer(source.infos, lambda n: source.infos[n].shape[0]):
-            info = source.infos[stack]
-            if k is None:
-                infos[name] = info
-            else:
-                infos[name] = ArrayInfo(info.shape[1:], info.dtype)
-                self._of[name] = (stack, k)
+        for stack, info in source.infos.items():  # Stack after stack: see `array`.
+            if stack_prefix(stack) is None:
+                infos[stack] = info
+                continue
+            for k in range(info.shape[0]):
+                infos[layer_name(stack, k)] = ArrayInfo(info.shape[1:], info.dtype)
+                self._of[layer_name(stack, k)] = (stack, k)
         self.infos = infos
+        self._whole: tuple[str, np.ndarray] | None = None  # The stack read whole, if any.
+        self._lock = threading.Lock()
         aliases: dict[str, str] = {}
         transforms: dict[str, Perm | None] = {}
         for alias, canonical in source.ties.items():
@@ -344,11 +349,22 @@ class UnstackedSource(_Layered):
         self.ties = AliasMap(aliases, transforms=transforms, naming=source.ties.naming)
 
     def array(self, name: str) -> np.ndarray:
+        """One layer: one slice of its stack, read alone where the source stores the
+        stack in chunks of one layer (or maps it); else the stack is read whole once,
+        and kept while its layers are read (the layers come stack after stack), so a
+        chunk that spans layers is decoded once, not once per layer."""
         stack = self._of.get(name)
         if stack is None:
             return self._source.array(name)
         template, k = stack
-        return self._source.read_slice(template, (slice(k, k + 1),))[0]
+        chunks = self._source.chunk_shape(template)
+        if chunks is None or chunks[0] <= 1:
+            return self._source.read_slice(template, (slice(k, k + 1),))[0]
+        with self._lock:
+            if self._whole is None or self._whole[0] != template:
+                self._whole = None  # (Freed before the next is read.)
+                self._whole = (template, self._source.array(template))
+            return np.array(self._whole[1][k])
 
     def blocks(self, name: str) -> Iterable[np.ndarray]:
         if name not in self._of:

@@ -61,6 +61,13 @@ class LeafReader:
         """``read(path)[index]``, reading only the chunks the slice covers."""
         return np.asarray(self._open(path)[index].read().result())
 
+    def chunk_shape(self, path: str) -> tuple[int, ...] | None:
+        """The shape of the TensorStore chunks of the array at ``path``."""
+        if path in self._item.empty:
+            return None
+        shape = self._open(path).chunk_layout.read_chunk.shape
+        return None if shape is None or None in shape else tuple(int(n or 0) for n in shape)
+
     def blocks(self, path: str, perm: Perm | None = None) -> Iterator[np.ndarray]:
         """The array at ``path`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices of about :data:`BLOCK_BYTES` each."""

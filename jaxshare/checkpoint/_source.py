@@ -62,6 +62,9 @@ class CheckpointSource(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return self._reader.read_slice(name, index)
 
+    def chunk_shape(self, name: str) -> tuple[int, ...] | None:
+        return self._reader.chunk_shape(name)
+
     def blocks(self, name: str, perm: Any = None) -> Any:
         """The array at ``name`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices (see ``LeafReader.blocks``)."""

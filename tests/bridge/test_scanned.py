@@ -373,3 +373,37 @@ def test_unstacking_a_stack_gives_every_layer_back_bit_for_bit(case):
     for k in range(layers):
         got, want = per_layer.array(f"h.{k}.w"), arrays[f"h.{k}.w"]
         assert got.shape == want.shape and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+class Chunked(Layers):
+    """A stack stored as one chunk (as plain Orbax writes it), counting its reads."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], chunks: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(arrays)
+        self.chunks, self.reads = chunks, []
+
+    def chunk_shape(self, name: str) -> tuple[int, ...] | None:
+        return self.chunks.get(name)
+
+    def read(self, name: str) -> np.ndarray:
+        self.reads.append(("whole", name))
+        return super().read(name)
+
+    def read_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        self.reads.append(("slice", name))
+        return np.asarray(super().read(name)[index])
+
+
+@pytest.mark.parametrize(
+    ("chunk", "reads"),
+    [((1, 2), [("slice", "h.{i}.w")] * 3), ((3, 2), [("whole", "h.{i}.w")])],
+    ids=["per-layer-chunks", "one-chunk"],
+)
+def test_a_stack_is_read_a_layer_at_a_time_or_once_whole(chunk, reads):
+    """Per-layer chunks: one slice per layer. Chunks that span layers: the stack read
+    once, not once per layer (each read would decode every chunk it touches)."""
+    stack = np.arange(6, dtype=np.float32).reshape(3, 2)
+    source = Chunked({"h.{i}.w": stack, "e.w": np.zeros(1, np.float32)}, {"h.{i}.w": chunk})
+    layers = UnstackedSource(source)
+    assert [layers.array(f"h.{k}.w").tolist() for k in range(3)] == stack.tolist()
+    assert source.reads == reads
