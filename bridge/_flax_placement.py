@@ -356,7 +356,10 @@ def _stacked_in(
                 continue
             member = trial.members(leaf.key)
             assert member is not None
-            own = torch_leaves(_Only(source, member[0]), rules, guess=False)[0]
+            owner = member[0].rpartition(".")[0]
+            own = TorchLeaf(
+                member[0], source.infos[member[0]].shape, (source.layers or {}).get(owner)
+            )
             if any(
                 slot.path in index
                 for t in candidates(own, rules)
@@ -396,19 +399,6 @@ class _WithTies(TensorSource):
 
     def read_slice(self, name: str, index: Any) -> np.ndarray:
         return self._source.read_slice(name, index)
-
-
-class _Only(TensorSource):
-    """One tensor of a source, described (for a trial placement; never read)."""
-
-    def __init__(self, source: TensorSource, name: str) -> None:
-        self.infos = {name: source.infos[name]}
-        self.layers = source.layers
-        if hasattr(source, "buffers"):
-            self.buffers = source.buffers
-
-    def read(self, name: str) -> Any:
-        raise AssertionError("a trial placement reads nothing")
 
 
 def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | None) -> set[str]:
