@@ -407,3 +407,23 @@ def test_a_stack_is_read_a_layer_at_a_time_or_once_whole(chunk, reads):
     layers = UnstackedSource(source)
     assert [layers.array(f"h.{k}.w").tolist() for k in range(3)] == stack.tolist()
     assert source.reads == reads
+
+
+def test_a_sharded_stack_reads_each_device_block_from_its_layers():
+    """A stacked leaf sharded over 8 devices: each device's block is read from the
+    layers (and rows) it covers, and the array equals the unsharded one."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("x",))
+    specs = {"kernel": jax.sharding.PartitionSpec(None, "x", None)}
+
+    def sharded(path, leaf):
+        spec = specs.get(path[-1].key, jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=jax.NamedSharding(mesh, spec))
+
+    like = jax.tree_util.tree_map_with_path(sharded, linen_like())
+    model = tower()
+    variables, _ = bridge.to_flax(model, like=like)
+    kernel = variables["params"]["layers"]["lin"]["kernel"]
+    assert kernel.sharding == like["params"]["layers"]["lin"]["kernel"].sharding
+    assert len(kernel.addressable_shards) == 8
+    want = np.stack([model.layers[k].lin.weight.detach().numpy().T for k in range(L)])
+    np.testing.assert_array_equal(np.asarray(kernel), want)
