@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridge._flax_placement import place, torch_leaves
+from bridge._flax_placement import place, stack_layers, torch_leaves
 from bridge._layouts import Layout, layout_rules
 from bridge._rules import Rules, RulesArg, as_rules, torch_name
 from jaxshare import AliasMap, NamingRecord
@@ -237,9 +237,10 @@ def plan_torch(
     else:
         from bridge._open import open_source
 
-        target = open_source(like, rules, arg="like")
-        torch_side = torch_leaves(target, rules, guess=False)
         index = {leaf.full: tuple(leaf.value.shape) for leaf in leaves.values()}
+        # Layers the tree holds stacked (a scanned model's) are named as stacks.
+        target = stack_layers(open_source(like, rules, arg="like"), rules, index)
+        torch_side = torch_leaves(target, rules, guess=False)
         # A name `like` ties to another needs no leaf: the Flax model may compute it
         # (an `attend` head, Hugging Face's tied heads); it is that tensor again.
         optional = {*filled_by_map, *target.ties}
@@ -253,7 +254,9 @@ def plan_torch(
             raise ValueError(
                 "cannot name the Flax leaves after `like`:\n  "
                 + "\n  ".join(problems)
-                + "\nCheck that `variables` belong to this model, or pass `rules=`."
+                + "\nCheck that `variables` belong to this model, or pass `rules=` (scanned "
+                "layers, one leaf per weight for all layers: `--stack PREFIX`, "
+                "`Rules(stacks=...)`; see docs/scanned.md)."
             )
         names = {s.name: (key, s.perm) for key, s in slots.items()}
         order = [slots[leaf.key].name for leaf in torch_side if leaf.key in slots]

@@ -249,9 +249,11 @@ def test_inspect_shows_each_stack_as_one_line_with_its_layers(llama, tmp_path, c
     assert len(stacks) == 9 and {s["layers"] for s in stacks} == {L}
 
 
-def test_a_plain_orbax_item_of_stacks_is_unstacked_by_the_command(llama, tmp_path):
+@pytest.mark.parametrize("stack", [["--stack", "model.layers"], []], ids=["--stack", "found"])
+def test_a_plain_orbax_item_of_stacks_is_unstacked_by_the_command(llama, stack, tmp_path):
     """An item a scanned training loop wrote with plain Orbax: no naming record, so
-    ``--stack`` (and the layout's rules) say where the layers are."""
+    ``--stack`` says where the layers are -- or the config's model class, whose
+    per-layer names the tree holds as stacks."""
     stored = {n: t.numpy() for n, t in load_file(llama / "model.safetensors").items()}
     params = {"params/model/embed_tokens/embedding": stored["model.embed_tokens.weight"]}
     params["params/model/norm/scale"] = stored["model.norm.weight"]
@@ -260,15 +262,14 @@ def test_a_plain_orbax_item_of_stacks_is_unstacked_by_the_command(llama, tmp_pat
         module, leaf = rest.rsplit(".", 1)
         per = [stored[f"model.layers.{k}.{rest}"] for k in range(L)]
         flax_leaf = "scale" if "norm" in module else "kernel"
-        stack = np.stack([p if p.ndim == 1 else p.T for p in per])
-        params[f"params/model/layers/{module.replace('.', '/')}/{flax_leaf}"] = stack
+        stacked = np.stack([p if p.ndim == 1 else p.T for p in per])
+        params[f"params/model/layers/{module.replace('.', '/')}/{flax_leaf}"] = stacked
     with ocp.StandardCheckpointer() as saver:
         saver.save((tmp_path / "plain").absolute(), nest(params))
     out = tmp_path / "out"
     status, err = convert(
-        tmp_path / "plain", out, "--format", "hf", "--config", llama / "config.json",
-        "--stack", "model.layers",
-    )  # fmt: skip
+        tmp_path / "plain", out, "--format", "hf", "--config", llama / "config.json", *stack
+    )
     assert (status, err) == (0, "")
     back = load_file(out / "model.safetensors")
     assert set(back) == set(stored) - {"lm_head.weight"}  # (Tied: left to the config.)
