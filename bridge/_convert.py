@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bridge._declared import declare_ties, parse_tie
 from bridge._layouts import Layout, as_layout
 from bridge._maxtext import maxtext_view
 from bridge._open import opened
@@ -36,7 +38,7 @@ from bridge._outputs import FORMATS, NAMES, Format
 from bridge._relayout import place_any
 from bridge._rules import Rules, as_rules
 from bridge._torch_naming import torch_plan
-from jaxshare.formats import TORCH_SUFFIXES, save_plan
+from jaxshare.formats import TORCH_SUFFIXES, is_dcp_folder, save_plan, write_dcp
 from jaxshare.internal import UsageError, float_dtype, unstacked
 from jaxshare.stream import Plan, ProgressFn, TensorSource
 
@@ -89,6 +91,7 @@ def convert(
     layout: str | Layout | None = None,
     stack: str | Sequence[str] = (),
     stack_axis: int = 0,
+    ties: Mapping[str, str] | Sequence[str] = (),
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -98,7 +101,7 @@ def convert(
         Hugging Face or DeepSpeed directory, an index, a ``.safetensors`` or
         PyTorch file, or a :class:`~jaxshare.stream.TensorSource`.
       dst: the output (see the module docstring for how its format is chosen).
-      format: ``"orbax"``, ``"safetensors"``, ``"torch"`` or ``"hf"``: the output
+      format: ``"orbax"``, ``"safetensors"``, ``"torch"``, ``"hf"`` or ``"dcp"``: the output
         format, where ``dst`` leaves it open.
       names: the naming of a ``.safetensors`` output: ``"flax"`` (``'/'`` paths)
         or ``"torch"``; default: the input's. An Orbax item in Flax names is
@@ -122,6 +125,10 @@ def convert(
         makes this unneeded there). See ``docs/scanned.md``.
       stack_axis: the Flax axis of the layers of ``stack`` (0: linen ``nn.scan``,
         NNX; MaxText's is 1).
+      ties: ties the input does not record (a DCP folder records none), as
+        ``{alias: canonical}`` or ``"ALIAS=CANONICAL"`` strings (``--tie``), in
+        PyTorch names; each is checked by content before it is stored once. A DCP
+        input's ``config`` declares its ties too (see ``docs/dcp.md``).
 
     Returns:
       ``dst`` as a ``Path``.
@@ -147,10 +154,19 @@ def convert(
     dst = Path(dst)
     rules = _with_stacks(as_rules(rules), stack, stack_axis)
     float_dtype(dtype)  # A bad `dtype` fails before anything is read.
-    hf_options = config is not None or max_shard_size is not None
+    # A DCP folder's config declares its ties; any other input's is the output's.
+    declares = isinstance(src, (str, os.PathLike)) and is_dcp_folder(src)
+    hf_options = (config is not None and not declares) or max_shard_size is not None
     fmt = output_format(dst, format, hf_options=hf_options)
     if fmt != "hf" and hf_options:
-        raise UsageError("--config and --max-shard-size are for Hugging Face directory outputs.")
+        raise UsageError(
+            "--config and --max-shard-size are for Hugging Face directory outputs (and "
+            "--config for the ties of a DCP input)."
+        )
+    try:
+        declared = dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if names is not None and (names not in NAMES or fmt != "safetensors"):
         raise UsageError(
             "--names chooses the naming of a .safetensors output only: 'flax' or 'torch', "
@@ -165,6 +181,12 @@ def convert(
     inputs = [src] if isinstance(src, (str, os.PathLike)) else []
     with opened(src, rules, arg="src") as source:
         inputs += [source.path] if source.path is not None else []
+        for note in source.notes:  # (What else a training checkpoint holds.)
+            warnings.warn(f"{source.where}: {note}", stacklevel=2)
+        if declared or declares:
+            source = declare_ties(
+                source, declared, config=config if declares else None, rules=rules
+            )
         if fmt == "hf":
             from bridge._hf_save import save_hf
 
@@ -202,6 +224,8 @@ def convert(
             checkpoint.write_item(dst, plan, reads, force=force, inputs=inputs, progress=progress)
         elif fmt == "safetensors":
             save_plan(dst, plan, reads, force=force, inputs=inputs, progress=progress)
+        elif fmt == "dcp":
+            write_dcp(dst, plan, reads, force=force, inputs=inputs, progress=progress)
         else:
             save_torch(plan, reads, dst, force=force, inputs=inputs, progress=progress)
     return dst
@@ -232,7 +256,7 @@ def _plan(
     """The plan of an Orbax, safetensors or PyTorch-file output, and the source it
     reads: Flax names for an item (and for ``names="flax"``) -- in ``layout`` when
     given, a Flax-named input placed anew through its PyTorch names --, PyTorch
-    names for a PyTorch file (and for ``names="torch"``), the input's own naming for
+    names for a PyTorch file or DCP folder (and for ``names="torch"``), the input's own naming for
     a ``.safetensors`` file."""
     flax = source.flax_named
     if fmt == "safetensors":

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bridge._declared import DeclaredTies
 from bridge._layouts import Family, Layout, as_layout, layout_rules
 from bridge._rules import (
     Rules,
@@ -336,7 +337,7 @@ def stack_layers(
     if not prefixes:
         return source
     if ties is not None and ties is not source.ties:
-        source = _WithTies(source, ties)
+        source = DeclaredTies(source, ties)  # (A caller's merged ties, checked already.)
     return StackedSource(source, prefixes)
 
 
@@ -374,31 +375,6 @@ def _stacked_in(
                 found.add(head)
                 break
     return found
-
-
-class _WithTies(TensorSource):
-    """A source with other ties (those a caller merged), read as it is."""
-
-    def __init__(self, source: TensorSource, ties: AliasMap) -> None:
-        self._source, self.ties = source, ties
-        self.path, self.kind, self.infos = source.path, source.kind, source.infos
-        self.layers, self.config = source.layers, getattr(source, "config", None)
-        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        if hasattr(source, "buffers"):
-            self.buffers = source.buffers
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def read(self, name: str) -> Any:
-        return self._source.read(name)
-
-    def array(self, name: str) -> np.ndarray:
-        return self._source.array(name)
-
-    def read_slice(self, name: str, index: Any) -> np.ndarray:
-        return self._source.read_slice(name, index)
 
 
 def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | None) -> set[str]:

@@ -33,7 +33,9 @@ from jaxshare.formats import (
     CONFIG_FILE,
     INDEX_SUFFIX,
     WEIGHT_SUFFIXES,
+    DCPFolder,
     is_checkpoint,
+    is_dcp_folder,
     open_weights_file,
 )
 from jaxshare.internal import UsageError, check_not_a_shard, is_hf_directory
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 
 #: What a path may be, for the one error that lists it.
 EXPECTED = (
-    "an Orbax checkpoint, a Hugging Face or DeepSpeed directory, a Hugging Face index "
+    "an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP directory, a Hugging Face index "
     f"(*{INDEX_SUFFIX}) or a weights file ({', '.join(WEIGHT_SUFFIXES)})"
 )
 
@@ -121,6 +123,8 @@ def opened(
 def _open_path(path: Path, rules: Rules) -> TensorSource:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory.")
+    if is_dcp_folder(path):
+        return DCPFolder(path)
     if is_checkpoint(path):
         from jaxshare import checkpoint  # (JAX and Orbax)
 

@@ -10,8 +10,8 @@ from typing import Literal
 
 __all__ = ["FORMATS", "NAMES", "Format"]
 
-Format = Literal["orbax", "safetensors", "torch", "hf"]
+Format = Literal["orbax", "safetensors", "torch", "hf", "dcp"]
 #: The output formats, as ``format=`` (and ``--format``) names them.
-FORMATS: tuple[Format, ...] = ("orbax", "safetensors", "torch", "hf")
+FORMATS: tuple[Format, ...] = ("orbax", "safetensors", "torch", "hf", "dcp")
 #: The namings of a ``.safetensors`` output (``names=``, ``--names``).
 NAMES = ("flax", "torch")

@@ -71,6 +71,9 @@ class TieReport:
       assets: the files that travel with the arrays (``config.json``,
         tokenizer files), by name.
       other_files: files beside the arrays that are neither read nor carried.
+      chunks: how the arrays are split across the files, one line per array (a
+        DCP folder's chunks), where they are.
+      notes: what else the input holds, left out here, one line each.
 
     >>> r = TieReport("ckpt", "orbax", {"wte": ArrayInfo((4, 2), "float32")},
     ...               AliasMap({"head": "wte"}, transforms={"head": (1, 0)}))
@@ -87,6 +90,8 @@ class TieReport:
     parts: tuple[str, ...] = ()
     assets: tuple[str, ...] = ()
     other_files: tuple[str, ...] = ()
+    chunks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
     arrays: Mapping[str, ArrayInfo] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +167,8 @@ class TieReport:
             "parts": list(self.parts),
             "assets": list(self.assets),
             "other_files": list(self.other_files),
+            "chunks": list(self.chunks),
+            "notes": list(self.notes),
             "arrays": len(self.arrays),
             "stored_arrays": len(self.stored),
             "bytes_stored": self.bytes_stored,

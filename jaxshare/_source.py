@@ -61,6 +61,9 @@ class TensorSource(abc.ABC):
         copies of them), copied byte for byte by conversions that keep them.
       other_files: files beside the tensors that are neither assets nor read
         (``README.md``, code): listed by reports, never run or carried.
+      notes: what else the input holds that its tensors here leave out (a
+        training checkpoint's optimizer state), one line each, for reports and
+        conversions to say.
     """
 
     path: Path | None = None
@@ -73,6 +76,7 @@ class TensorSource(abc.ABC):
     mapped: bool = False
     assets: Mapping[str, Path] = {}
     other_files: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def read(self, name: str) -> Any:
@@ -93,6 +97,11 @@ class TensorSource(abc.ABC):
         """``read(name)[index]`` as a numpy array; sources that can read part of
         a tensor without the rest (a mapped file) read only those bytes."""
         return np.asarray(self.read(name)[index])
+
+    def chunk_lines(self) -> tuple[str, ...]:
+        """How the tensors are split across the files, one line per tensor, for
+        reports (a DCP folder's chunks); none where each is stored whole."""
+        return ()
 
     def chunk_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape of the chunks the source stores ``name`` in, where a read of
@@ -141,6 +150,8 @@ class TensorSource(abc.ABC):
             tuple(self.parts),
             tuple(self.assets),
             self.other_files,
+            self.chunk_lines(),
+            tuple(self.notes),
         )
 
 

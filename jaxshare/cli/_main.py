@@ -53,6 +53,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             layout=args.layout,
             stack=args.stack,
             stack_axis=args.stack_axis,
+            ties=args.tie,
             force=args.force,
             progress=progress,
         )
@@ -102,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the output format, if DST leaves it open",
     )
     p.add_argument("--dtype", default=None, help="cast floating arrays, e.g. float32")
-    p.add_argument("--config", default=None, help="config.json of a Hugging Face directory output")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config.json of a Hugging Face directory output (of a DCP input: its ties)",
+    )
     p.add_argument(
         "--max-shard-size",
         default=None,
@@ -136,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="K",
         help="the Flax axis of the layers of --stack (default 0; MaxText's is 1)",
+    )
+    p.add_argument(
+        "--tie",
+        action="append",
+        default=[],
+        metavar="ALIAS=CANONICAL",
+        help="a tie the input does not record (a DCP folder records none), in PyTorch names, "
+        "checked by content; repeatable",
     )
     p.add_argument(
         "--force", action="store_true", help="replace DST if it is an output of the same kind"

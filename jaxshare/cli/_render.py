@@ -83,11 +83,17 @@ def print_report(report: TieReport, stream: TextIO | None = None) -> None:
     console.print(Text(heading))
     for part in report.parts:
         console.print(Text(f"  {part}"))
+    for note in report.notes:
+        console.print(Text(f"  {note}"))
     if report.assets:
         console.print(Text(f"  assets, carried with the weights: {', '.join(report.assets)}"))
     if report.other_files:
         listed = ", ".join(report.other_files)
         console.print(Text(f"  other files, neither read nor carried: {listed}"))
+    if report.chunks:
+        console.print(Text("  chunks:"))
+        for line in report.chunks:
+            console.print(Text(f"    {line}"))
     if report.alias_map:
         console.print(_table(report, stream.isatty()))
     else:

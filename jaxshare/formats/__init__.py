@@ -18,6 +18,10 @@ import typing as _typing
 from jaxshare._lazy import exports as _exports
 
 if _typing.TYPE_CHECKING:
+    from jaxshare.formats._dcp import DCPFolder as DCPFolder
+    from jaxshare.formats._dcp import is_dcp_folder as is_dcp_folder
+    from jaxshare.formats._dcp import read_dcp_metadata as read_dcp_metadata
+    from jaxshare.formats._dcp_write import write_dcp as write_dcp
     from jaxshare.formats._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
     from jaxshare.formats._hf import BIN_INDEX as BIN_INDEX
     from jaxshare.formats._hf import BIN_WEIGHTS as BIN_WEIGHTS
@@ -69,6 +73,8 @@ if _typing.TYPE_CHECKING:
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
+        "jaxshare.formats._dcp": ["DCPFolder", "is_dcp_folder", "read_dcp_metadata"],
+        "jaxshare.formats._dcp_write": ["write_dcp"],
         "jaxshare.formats._deepspeed": ["DeepSpeedCheckpoint"],
         "jaxshare.formats._hf": [
             "BIN_INDEX",

@@ -27,6 +27,7 @@ from jaxshare._output import OutputKind
 __all__ = [
     "ALIAS_MAP_FILE",
     "ASSETS_DIR",
+    "DCP_METADATA_FILE",
     "EMPTY_ARRAYS_KEY",
     "ITEM",
     "NAMING_FILE",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 ALIAS_MAP_FILE = "jaxshare_alias_map.json"
+#: A PyTorch DCP folder's metadata file: a folder that has one is no item, even with an
+#: alias map beside it (jaxshare keeps one in the DCP folders it writes).
+DCP_METADATA_FILE = ".metadata"
 #: The naming record of a converted tree (see ``jaxshare.NamingRecord``), when it has one.
 NAMING_FILE = "jaxshare_naming.json"
 EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
@@ -48,8 +52,11 @@ ORBAX_METADATA_FILE = "_METADATA"
 
 
 def is_item(path: Path) -> bool:
-    """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare item."""
-    return (path / ORBAX_METADATA_FILE).is_file() or (path / ALIAS_MAP_FILE).is_file()
+    """Whether ``path`` is an item directory: an Orbax PyTree checkpoint or a jaxshare
+    item (not a PyTorch DCP folder, beside which jaxshare keeps an alias map too)."""
+    if (path / ORBAX_METADATA_FILE).is_file():
+        return True
+    return (path / ALIAS_MAP_FILE).is_file() and not (path / DCP_METADATA_FILE).is_file()
 
 
 def asset_files(assets: Mapping[str, str | os.PathLike | bytes]) -> dict[str, bytes]:

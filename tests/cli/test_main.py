@@ -22,11 +22,11 @@ def test_console_script_entry_point():
     [
         (
             ["inspect", "{tmp}/notes.txt"],
-            "expected an Orbax checkpoint, a Hugging Face or DeepSpeed",
+            "expected an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP",
         ),
         (  # A directory of no kind: the same one line.
             ["inspect", "{tmp}/empty"],
-            "expected an Orbax checkpoint, a Hugging Face or DeepSpeed",
+            "expected an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP",
         ),
         (["convert", "{tmp}", "{tmp}/out.npz"], "pass --format to say which"),
         (
