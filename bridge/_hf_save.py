@@ -43,6 +43,7 @@ from jaxshare.formats import (
 from jaxshare.internal import (
     HF_DIRECTORY,
     PlannedSource,
+    UnstackedSource,
     atomic_output,
     compose,
     float_dtype,
@@ -283,7 +284,10 @@ def save_hf(
             stored = [e.name for e in plan.entries]
             found = config_ties(cfg, stored, rules, use_transformers=False)
         plan = _without_tied_copies(plan, source, found.ties, cfg, Path(directory))
-        entries = _outputs(plan, found.ties, found.names)
+        # Layers split from stacks come stack after stack, the order they are read in
+        # (a stack stored in one chunk is read once); the rest in the model's order.
+        order = None if isinstance(source, UnstackedSource) else found.names
+        entries = _outputs(plan, found.ties, order)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
         text = _config_text(_config_file(config, source), cfg, entries)
