@@ -914,15 +914,20 @@ class DCPFolder(TensorSource):
         return fqn[len(self.part) + 1 :]
 
     def _notes(self) -> tuple[str, ...]:
+        items = ()
+        if self.other_items:  # Listed, never read as tensors.
+            shown = ", ".join(self.other_items[:8])
+            more = f" (+{len(self.other_items) - 8} more)" if len(self.other_items) > 8 else ""
+            items = (f"items that are not tensors: {shown}{more}",)
         if self.part is None:
-            return ()
+            return items
         counts: dict[str, list[int]] = {}
         for fqn, key in self.metadata.keys.items():
             part = self._part_of(key)
             if part != self.part:
                 counts.setdefault(part, [0, 0])[fqn not in self.metadata.tensors] += 1
         if not counts:
-            return ()
+            return items
 
         def what(tensors: int, others: int) -> str:
             words = [f"{tensors} tensor{'s' * (tensors != 1)}"] if tensors else []
@@ -930,7 +935,7 @@ class DCPFolder(TensorSource):
             return ", ".join(words)
 
         held = ", ".join(f"{p} ({what(*n)})" for p, n in counts.items())
-        return (f"also holds: {held}",)
+        return (*items, f"also holds: {held}")
 
     def _ties(self) -> dict[str, str]:
         """Names over the very same records (a tie written once); zero-size tensors

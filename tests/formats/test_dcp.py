@@ -140,7 +140,9 @@ def test_nested_state_dicts_are_flattened_as_dcp_flattens_them():
         assert f.metadata.keys["optimizer.param_groups.0.lr"] == (
             "optimizer", "param_groups", 0, "lr"
         )  # fmt: skip
-        assert f.notes == ()
+        (items,) = f.notes  # The items that are not tensors, listed (and never read so).
+        assert items.startswith("items that are not tensors: optimizer.param_groups.0.lr, ")
+        assert items.endswith(" (+5 more)")
 
 
 def test_a_training_checkpoint_shows_its_model_with_one_line_on_the_rest():
@@ -156,7 +158,8 @@ def test_a_training_checkpoint_shows_its_model_with_one_line_on_the_rest():
             assert _bits(f.array(name)) == _bits(want[f"model.{name}"]), name
     with DCPFolder(DATA / "sharded", part="optimizer") as f:
         assert "state.wte.weight.exp_avg_sq" in f.infos and "param_groups.0.lr" in f.other_items
-        assert f.notes == ("also holds: model (13 tensors), train_state (1 other item)",)
+        assert f.notes[0].startswith("items that are not tensors: param_groups.0.lr, ")
+        assert f.notes[1:] == ("also holds: model (13 tensors), train_state (1 other item)",)
         assert _bits(f.array("state.fc.weight.exp_avg")) == _bits(
             want["optimizer.state.fc.weight.exp_avg"]
         )
