@@ -142,6 +142,13 @@ class StreamedItem:
             return None
         return stack_axis(naming.permute)
 
+    def budget(self) -> int:
+        """The bytes the reads may hold at once: the plan's budget (two of the largest
+        output), a stack counted as the two layers it holds at a time, not whole."""
+        whole = [e.info.nbytes for e in self.plan.entries if self.stack_axis(e) is None]
+        stacked = [self._job(e)[0] for e in self.plan.entries if self.stack_axis(e) is not None]
+        return max(2 * max(whole, default=0), *stacked, 1)
+
     def _job(self, entry: PlanEntry) -> tuple[int, Callable[[], Any]]:
         """The read of one entry: its array, or for a stack, what reads its layers
         (two layers counted: one read while the one before is written)."""
@@ -166,7 +173,7 @@ class StreamedItem:
         plan, source = self.plan, self.source
         jobs = [self._job(leaf.entry) for leaf in leaves]
         # Orbax serializes each handler's leaves in a thread of their own: one at a time.
-        with self._lock, ReadAhead(jobs, plan.budget(source)) as ahead:
+        with self._lock, ReadAhead(jobs, self.budget()) as ahead:
             arrays = ahead.held()
             pending: set[asyncio.Task[None]] = set()
 
