@@ -14,6 +14,7 @@ only where transformers is installed.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -124,15 +125,22 @@ def declare_ties(
     if config is not None:
         cfg = config_dict(config)
         found = config_ties(cfg, list(source.infos), rules or Rules())
-        for alias, canonical in found.ties.items():
-            if alias in source.infos or canonical in source.infos:
-                if alias not in declared:
-                    declared[alias] = canonical
-                    origins[alias] = CONFIG_FILE
+        named = {a: c for a, c in found.ties.items() if a in source.infos or c in source.infos}
+        if found.ties and not named:
+            warnings.warn(
+                f"{source.where}: {CONFIG_FILE} ties {', '.join(sorted(found.ties))}, which the "
+                "input does not hold (another model class's names?); no tie is taken from it: "
+                "pass --tie ALIAS=CANONICAL.",
+                stacklevel=3,
+            )
+        for alias, canonical in named.items():
+            if alias not in declared:
+                declared[alias] = canonical
+                origins[alias] = CONFIG_FILE
         if isinstance(config, (str, os.PathLike)):
             file = Path(config)
             assets[CONFIG_FILE] = file / CONFIG_FILE if file.is_dir() else file
-    if not declared:
+    if not declared and not assets:
         return source
     merged = dict(source.ties.items())
     transforms = dict(source.ties.transforms)

@@ -174,7 +174,7 @@ def config_ties(
     if use_transformers:
         from bridge._hf_meta import meta_model_ties  # (torch and transformers)
 
-        found = meta_model_ties(config, rules)
+        found = meta_model_ties(config, rules, stored)
         if found is not None:
             ties, layers, names, model, load_name = found
             names = MappingProxyType(names)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -47,11 +47,16 @@ MetaModel = tuple[
 ]
 
 
-def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> MetaModel | None:
+def meta_model_ties(
+    config: Mapping[str, Any], rules: Rules, stored: Collection[str] = ()
+) -> MetaModel | None:
     """What the model class of ``config``, built on the meta device, says: ``(ties,
     {module: layer kind}, {name: shape} of what ``save_pretrained`` writes, in
     state_dict() order, the model, the name a file's tensor name loads as)``;
-    ``None`` when transformers cannot build it."""
+    ``None`` when transformers cannot build it. The class is ``architectures[0]``;
+    without one, the causal-LM class when ``stored`` holds an ``lm_head.weight``
+    (a config written by ``config.to_json_file`` of a model built from a config
+    names no class), else the base model's."""
     try:
         import transformers  # (Configures its logger: quieted only after the import.)
     except Exception:  # noqa: BLE001 -- a broken install: the table decides instead.
@@ -69,6 +74,8 @@ def meta_model_ties(config: Mapping[str, Any], rules: Rules) -> MetaModel | None
             with torch.device("meta"):
                 if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
                     model = cls._from_config(hf_config)  # type: ignore[attr-defined]
+                elif "lm_head.weight" in stored:
+                    model = transformers.AutoModelForCausalLM.from_config(hf_config)
                 else:
                     model = transformers.AutoModel.from_config(hf_config)
         except Exception:  # noqa: BLE001 -- any failure: the table decides instead.
