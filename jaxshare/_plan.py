@@ -260,6 +260,10 @@ class PlannedSource(TensorSource):
             return (self._extra[name],)
         return self._plan.blocks(self._source, self._entry(name))
 
+    def origin(self, name: str) -> tuple[TensorSource, PlanEntry]:
+        """The source and the plan entry the tensor ``name`` is read through."""
+        return self._source, self._entry(name)
+
     def chunk_shape(self, name: str) -> tuple[int, ...] | None:
         if name in self._extra:
             return None

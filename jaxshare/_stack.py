@@ -33,6 +33,7 @@ import numpy as np
 from jaxshare._alias import AliasMap
 from jaxshare._naming import LAYER, layer_name, layer_perm, lift, stack_axis, stack_prefix
 from jaxshare._perm import Perm
+from jaxshare._plan import Plan, PlanEntry, PlannedSource
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource
 
@@ -328,7 +329,7 @@ class UnstackedSource(_Layered):
                 infos[layer_name(stack, k)] = ArrayInfo(info.shape[1:], info.dtype)
                 self._of[layer_name(stack, k)] = (stack, k)
         self.infos = infos
-        self._whole: tuple[str, np.ndarray] | None = None  # The stack read whole, if any.
+        self._whole: tuple[str, _Held] | None = None  # The stack read whole, if any.
         self._lock = threading.Lock()
         aliases: dict[str, str] = {}
         transforms: dict[str, Perm | None] = {}
@@ -357,14 +358,24 @@ class UnstackedSource(_Layered):
         if stack is None:
             return self._source.array(name)
         template, k = stack
+        layer = (slice(k, k + 1),)
         chunks = self._source.chunk_shape(template)
         if chunks is None or chunks[0] <= 1:
-            return self._source.read_slice(template, (slice(k, k + 1),))[0]
+            return self._source.read_slice(template, layer)[0]
+        # Read whole once, as stored: a planned stack's layers are transposed one by one.
+        base, entry = (
+            self._source.origin(template)
+            if isinstance(self._source, PlannedSource)
+            else (self._source, PlanEntry(template, template, None, self._source.infos[template]))
+        )
         with self._lock:
             if self._whole is None or self._whole[0] != template:
                 self._whole = None  # (Freed before the next is read.)
-                self._whole = (template, self._source.array(template))
-            return np.array(self._whole[1][k])
+                self._whole = (template, _Held(entry.source, base.array(entry.source)))
+            held = self._whole[1]
+            if k == self._source.infos[template].shape[0] - 1:
+                self._whole = None  # Its last layer: not held while the next tensors are read.
+        return Plan((entry,), AliasMap()).read_slice(held, entry, layer)[0]
 
     def blocks(self, name: str) -> Iterable[np.ndarray]:
         if name not in self._of:
@@ -379,13 +390,25 @@ class UnstackedSource(_Layered):
         return self._source.read_slice(template, (slice(k, k + 1), *index))[0]
 
 
-def unstacked(plan: Any, source: TensorSource) -> tuple[Any, TensorSource]:
+class _Held(TensorSource):
+    """One array in memory, as a source (a stack read whole, its layers sliced off)."""
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name, self._array = name, array
+        self.infos = {name: ArrayInfo(tuple(array.shape), array.dtype.name)}
+
+    def read(self, name: str) -> np.ndarray:
+        return self._array
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        return self._array[index]
+
+
+def unstacked(plan: Plan, source: TensorSource) -> tuple[Plan, TensorSource]:
     """A plan whose outputs include stacks, as per-layer outputs: ``(plan, source)``
     where the plan keeps every output name of ``plan`` but the stacks, which are
     each layer's name, read from ``source`` through ``plan`` one slice at a time.
     A plan without stacks comes back as it is."""
-    from jaxshare._plan import Plan, PlannedSource
-
     if not any(LAYER in e.name.split(".") for e in plan.entries):
         return plan, source
     layers = UnstackedSource(PlannedSource(source, plan))  # (Its ties carry the plan's record.)

@@ -170,7 +170,6 @@ class StreamedItem:
         while those before it are written, within the plan's byte budget."""
         if jax.process_index() != 0:  # Orbax writes numpy arrays from process 0 only.
             return
-        plan, source = self.plan, self.source
         jobs = [self._job(leaf.entry) for leaf in leaves]
         # Orbax serializes each handler's leaves in a thread of their own: one at a time.
         with self._lock, ReadAhead(jobs, self.budget()) as ahead:
