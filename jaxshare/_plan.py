@@ -137,9 +137,15 @@ class Plan:
 
     def blocks(self, source: TensorSource, entry: PlanEntry) -> Iterable[np.ndarray]:
         """The output of ``entry`` as blocks in C order: the source's own blocks
-        where the plan neither casts nor transposes, else the one array."""
-        if entry.perm is None and source.infos[entry.source].dtype == entry.info.dtype:
+        where the plan neither casts nor transposes, its transposed blocks where it
+        can read them a block at a time (an Orbax item), else the one array."""
+        same = source.infos[entry.source].dtype == entry.info.dtype
+        if entry.perm is None and same:
             return source.blocks(entry.source)
+        if entry.perm is not None and same:
+            blocks = source.permuted_blocks(entry.source, entry.perm)
+            if blocks is not None:
+                return blocks
         return (self.array(source, entry),)
 
     def arrays(

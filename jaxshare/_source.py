@@ -23,6 +23,7 @@ from typing import Any, Self
 import numpy as np
 
 from jaxshare._alias import AliasMap
+from jaxshare._perm import Perm
 from jaxshare._report import ArrayInfo, TieReport
 
 __all__ = ["Index", "TensorSource", "file_part"]
@@ -92,6 +93,12 @@ class TensorSource(abc.ABC):
         of the source's own memory where it has them (a mapped partition, a chunk),
         so a writer that streams bytes needs no copy of the whole tensor."""
         yield self.array(name)
+
+    def permuted_blocks(self, name: str, perm: Perm) -> Iterable[np.ndarray] | None:
+        """The tensor ``name`` transposed by ``perm``, in C order as blocks, read a
+        block at a time, where the source can (an Orbax item's TensorStore view);
+        ``None`` where it cannot, and the whole transposed array is made instead."""
+        return None
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``read(name)[index]`` as a numpy array; sources that can read part of

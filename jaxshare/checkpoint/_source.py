@@ -65,6 +65,9 @@ class CheckpointSource(TensorSource):
     def chunk_shape(self, name: str) -> tuple[int, ...] | None:
         return self._reader.chunk_shape(name)
 
+    def permuted_blocks(self, name: str, perm: Any) -> Any:
+        return self._reader.blocks(name, perm)
+
     def blocks(self, name: str, perm: Any = None) -> Any:
         """The array at ``name`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices (see ``LeafReader.blocks``)."""
