@@ -5,8 +5,9 @@ written by hand + ``model.safetensors`` in PyTorch names and Linear layouts,
 ``model.layers.{i}.self_attn.q_proj.weight`` ``(out, in)``, ...), float32, generated
 with numpy into a temporary directory: by default width 2048, MLP 5504, 16 layers, 16
 attention heads over 4 key/value heads, vocabulary 32000, untied head (3.1 GiB; the
-largest tensor, the embedding or the head, 250 MiB; the largest stacked array, each MLP
-weight over the 16 layers, 688 MiB). Set-up, untimed, makes two scanned items of it:
+largest tensor, the embedding or the head, 250 MiB; the largest per-layer slice, an MLP
+weight, 43 MiB; the largest stacked array, an MLP weight over the 16 layers, 688 MiB).
+Set-up, untimed, makes two scanned items of it:
 
 * **jaxshare's item**: ``jaxshare convert MODEL_DIR ITEM --stack model.layers``: each
   per-layer weight one stacked leaf ``params/model/layers/self_attn/q_proj/kernel`` of
@@ -41,9 +42,10 @@ limit; peer, limit, ours; ...), ``sync`` runs before each process, and the table
 per item, the medians over rounds of each side's figures and of the paired ratios.
 ``time`` is the whole process, start-up and imports included, as a user runs it.
 jaxshare ``fsync``s what it writes; the peer does not (as users run it). Goals: ours peak
-anonymous memory <= 2 x the largest tensor of the output (a per-layer slice or an
-unstacked tensor) + 400 MiB from jaxshare's item, <= the largest stacked array + 400 MiB
-from plain Orbax's (whose chunks may span layers); time <= 1.0x the peer.
+anonymous memory <= 2 x the largest per-layer slice + 400 MiB from jaxshare's item (the
+embedding and the head, larger, stream as blocks), <= the largest stacked array + 400 MiB
+from plain Orbax's (whose chunks may span layers); time <= 1.0x the peer. The streaming
+benchmarks' bound, 2 x the largest tensor + 400 MiB, is printed beside them.
 
 Run (about 25 GB of free disk under ``--dir``, 12 GB of memory for the peer)::
 
@@ -430,7 +432,8 @@ def main() -> None:
     per_layer = [4 * math.prod(shape(args)) for _, shape in LAYER_SPECS]
     largest_slice, largest_stacked = max(per_layer), max(per_layer) * args.blocks
     goals = {
-        "jaxshare": 2 * largest / MB + GOAL_OVERHEAD_MB,
+        "jaxshare": 2 * largest_slice / MB + GOAL_OVERHEAD_MB,
+        "tensor": 2 * largest / MB + GOAL_OVERHEAD_MB,  # For information.
         "plain": largest_stacked / MB + GOAL_OVERHEAD_MB,
     }
     env = {
@@ -529,10 +532,12 @@ def _ratio(runs: dict[str, list], rounds: list[int], a: str, b: str, key: str) -
 def report(args, results, goals, loads, checks) -> None:
     med = statistics.median
     print(
-        f"Goals: ours peak anon <= 2 x largest tensor + {GOAL_OVERHEAD_MB} MiB = "
+        f"Goals: ours peak anon <= 2 x largest per-layer slice + {GOAL_OVERHEAD_MB} MiB = "
         f"{goals['jaxshare']:.0f} MiB from jaxshare's item, <= largest stacked array + "
-        f"{GOAL_OVERHEAD_MB} MiB = {goals['plain']:.0f} MiB from plain Orbax's; time <= "
-        f"{GOAL_TIME:.1f}x the peer. {args.rounds} round(s), sides rotating. Load average "
+        f"{GOAL_OVERHEAD_MB} MiB = {goals['plain']:.0f} MiB from plain Orbax's (for "
+        f"information, 2 x largest tensor + {GOAL_OVERHEAD_MB} MiB = {goals['tensor']:.0f} "
+        f"MiB); time <= {GOAL_TIME:.1f}x the peer. {args.rounds} round(s), sides rotating. "
+        "Load average "
         "(1 min) during the run: "
         + ", ".join(f"{la[0]:.1f}" for la in loads)
         + f" on {os.cpu_count()} CPUs."
