@@ -32,10 +32,10 @@ files do not count):
   ``load_file`` + ``dcp.save`` (jaxshare's call reads the file too); ``dcp.save`` alone is
   reported beside it.
 
-jaxshare runs the ``jaxshare`` command's own ``main`` (what ``python -m jaxshare.cli
-convert ...`` runs) in a process of this script, which times the call after importing the
-modules the route needs, as each peer times its call after its imports; *time* is the
-whole process, start-up and imports included, as a user runs it. DCP's ``FileSystemWriter``
+jaxshare runs ``bridge.convert`` (what ``jaxshare convert ...`` calls) in a process of
+this script, which times the call after importing the modules the route needs, as each
+peer times its call after its imports; *time* is the whole process, start-up and imports
+included, as a user runs it. DCP's ``FileSystemWriter``
 and jaxshare ``fsync`` what they write; ``torch.save`` and ``save_file`` do not (as users
 run them), and ``sync`` before each process keeps their write-back off the next one's
 clock. Rounds rotate who goes first (ours, peer, limit; peer, limit, ours; ...), the table
@@ -239,16 +239,16 @@ def child(op: str, *rest: str) -> None:
         t2 = time.perf_counter()
         print(json.dumps({"work_s": t2 - t0, "load_file_s": t1 - t0, "dcp_save_s": t2 - t1}))
     elif op == "ours":
-        import bridge._convert  # noqa: F401 -- the route's modules: imports not timed,
-        import jaxshare.formats._dcp  # noqa: F401 -- as for the peer
+        import bridge
+        import bridge._convert  # noqa: F401 -- the route's modules: imported untimed,
+        import jaxshare.formats._dcp  # noqa: F401 -- as the peer's are
         import jaxshare.formats._dcp_write  # noqa: F401
         import jaxshare.formats._safetensors  # noqa: F401
-        from jaxshare.cli._main import main
 
+        src, dst, fmt = rest
         start = time.perf_counter()
-        status = main(["convert", *rest])
+        bridge.convert(src, dst, format=None if fmt == "-" else fmt)
         print(json.dumps({"work_s": time.perf_counter() - start}))
-        sys.exit(status)
     elif op == "verify":
         verify(*rest)
     else:
@@ -306,9 +306,8 @@ def verify(op: str, model: str, ours: str, peer: str) -> None:
 
 def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) -> list[str]:
     if side == "ours":
-        fmt = ["--format", "dcp"] if op == "write" else []
-        wrapper = [args.ours_python, __file__, "--child", "ours"]
-        return [*wrapper, str(src), str(dst), *fmt, "--quiet"]
+        fmt = "dcp" if op == "write" else "-"
+        return [args.ours_python, __file__, "--child", "ours", str(src), str(dst), fmt]
     if side == "limit":
         return [sys.executable, __file__, "--child", "limit", str(src), str(dst)]
     extra = [str(dst.with_name(dst.name + ".tmp.pt"))] if op == "read" else []
