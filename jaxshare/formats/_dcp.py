@@ -102,7 +102,7 @@ AUTO = "auto"
 #: (``optimizer``, ``lr_scheduler``, ``dataloader``, ``train_state``) and torchtune's.
 TRAINING_STATE_KEYS = frozenset(
     {
-        "optimizer", "lr_scheduler", "lr_schedulers", "dataloader", "train_state",
+        "optimizer", "optim", "lr_scheduler", "lr_schedulers", "dataloader", "train_state",
         "seed", "epochs_run", "total_epochs", "max_steps_per_epoch", "steps_run",
     }
 )  # fmt: skip
