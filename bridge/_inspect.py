@@ -34,5 +34,10 @@ def inspect(path: str | os.PathLike | TensorSource, /) -> TieReport:
     >>> report.kind, report.bytes_stored, dict(report.alias_map)
     ('safetensors', 32, {})
     """
+    from bridge._optax import training_report  # (A run file, DeepSpeed or DCP folder.)
+
+    report = training_report(path)
+    if report is not None:
+        return report
     with opened(path, arg="path") as source:
         return source.report()

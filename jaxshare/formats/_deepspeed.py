@@ -207,6 +207,25 @@ def _window(parts: Sequence[np.ndarray], start: int, numel: int) -> list[np.ndar
     return out
 
 
+def flat_pieces(
+    source: _Source, parts: Sequence[Sequence[np.ndarray]], world_size: int
+) -> list[np.ndarray]:
+    """The 1-D pieces that, end to end, are the trainable parameter laid out as
+    ``source`` (``"zero2"`` or ``"zero3"``) in ``parts``, the ranks' flat groups
+    (``parts[rank][group]``): the fp32 partitions, or anything DeepSpeed lays out
+    as they are (the optimizer's moments, ``_deepspeed_optim``).
+
+    ZeRO-1/2: the ranks' partitions of the group end to end, the parameter at
+    ``offset``. ZeRO-3: ``ceil(numel / world_size)`` elements at ``offset`` of
+    every rank's flat groups end to end, the last rank's padded.
+    """
+    if source.kind == "zero2":
+        return _window([p[source.group] for p in parts], source.offset, source.numel)
+    per_rank = -(-source.numel // world_size)
+    padded = [p for rank in parts for p in _window(rank, source.offset, per_rank)]
+    return _window(padded, 0, source.numel)
+
+
 def _numel(shape: Any) -> int:
     return math.prod(int(n) for n in shape)
 
@@ -276,6 +295,7 @@ class DeepSpeedCheckpoint(TensorSource):
         self.path = Path(path)
         self.folder, self.tag = _tag_folder(self.path, tag)
         self._optim_files: list[Path] = []
+        self._optim_states: list[dict[str, Any]] = []  # [rank]: `optimizer_state_dict`
         self._sources: dict[str, _Source] = {}
         self._module: Mapping[str, np.ndarray] = {}
         self._frozen: list[Mapping[str, np.ndarray]] = []
@@ -398,6 +418,7 @@ class DeepSpeedCheckpoint(TensorSource):
         )
         self._optim_files = paths
         states = [self._optimizer_state(p) for p in paths]
+        self._optim_states = states
         stage = _as_int(states[0].get("zero_stage"), paths[0], "zero_stage")
         counts = states[0].get("partition_count")
         world = max(counts) if isinstance(counts, list) and counts else counts
@@ -617,12 +638,7 @@ class DeepSpeedCheckpoint(TensorSource):
         if source.kind == "frozen":
             frags = [f[name] for f in self._frozen]
             return _one_piece(frags[0]) if self.stage < 3 else _window(frags, 0, source.numel)
-        if source.kind == "zero2":
-            return _window([parts[source.group] for parts in self._parts], source.offset,
-                           source.numel)  # fmt: skip
-        per_rank = -(-source.numel // self.world_size)
-        padded = [p for parts in self._parts for p in _window(parts, source.offset, per_rank)]
-        return _window(padded, 0, source.numel)
+        return flat_pieces(source, self._parts, self.world_size)
 
     def blocks(self, name: str) -> Iterator[np.ndarray]:
         """:meth:`pieces`: writers stream them with no copy."""
@@ -681,6 +697,7 @@ class DeepSpeedCheckpoint(TensorSource):
         """Lets go of the mapped files (also done on leaving a ``with`` block);
         tensors already returned stay valid."""
         self._module, self._frozen, self._parts, self._first = {}, [], [], {}
+        self._optim_states = []
 
     def __repr__(self) -> str:
         return (

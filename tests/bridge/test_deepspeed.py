@@ -391,13 +391,14 @@ def test_a_folder_that_is_not_a_checkpoint_is_named(tmp_path):
 def test_the_reference_page_examples_run(monkeypatch, capsys):
     page = Path(__file__).resolve().parents[2] / "docs" / "deepspeed.md"
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     monkeypatch.chdir(page.parents[1])  # the examples name the fixtures from the root
     for i, block in enumerate(blocks):
         exec(compile(block, f"docs/deepspeed.md block {i}", "exec"), {"__name__": "docs"})
     out = capsys.readouterr().out
     assert "19 torch.float32" in out and "3 2 global_step2" in out
     assert "refused: loading it would run code" in out and "pwned" not in out
+    assert "deepspeed 3 2 ['exp_avg', 'exp_avg_sq']" in out  # the optimizer state
 
 
 def test_a_folder_is_a_tensor_source_with_a_tie_report():
