@@ -154,11 +154,14 @@ def write_item(
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
     assets: Mapping[str, str | os.PathLike | bytes] | None = None,
+    manifest: bool = False,
 ) -> None:
     """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
     with the plan's alias map (and naming record), streaming; ``assets`` as for
     :func:`save` (default: the source's own, e.g. a Hugging Face directory's
-    ``config.json`` and tokenizer files).
+    ``config.json`` and tokenizer files). With ``manifest``, each array is hashed
+    as it is written and the hashes are committed with the item
+    (``jaxshare_manifest.json``, see :func:`bridge.verify`).
 
     The model is never held: each array is read (cast and transposed as the plan
     says) while the ones before it are written, so memory holds about two of
@@ -182,7 +185,7 @@ def write_item(
     >>> restore(d + "/ckpt")["w"].tolist()
     [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
-    item = StreamedItem(plan, source, progress)
+    item = StreamedItem(plan, source, progress, manifest)
     save(
         directory,
         item,

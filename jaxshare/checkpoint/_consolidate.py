@@ -75,6 +75,7 @@ def consolidate_to_safetensors(
     dtype: Any = None,
     force: bool = False,
     progress: ProgressFn | None = None,
+    manifest: bool = False,
 ) -> None:
     """Writes every path of the checkpoint to a ``.safetensors`` file, streaming.
 
@@ -93,6 +94,8 @@ def consolidate_to_safetensors(
       dtype: cast floating arrays to this floating dtype, e.g. ``"float32"``.
       force: replace ``path`` if it exists.
       progress: called as ``progress(done, total, name, nbytes)`` after each tensor.
+      manifest: record every tensor's hash, as written, in the metadata
+        (``"jaxshare.manifest"``).
 
     Raises:
       FileExistsError: ``path`` exists and ``force`` is false.
@@ -125,7 +128,14 @@ def consolidate_to_safetensors(
     plan = Plan(tuple(entries), AliasMap())
     metadata = {ALIAS_MAP_KEY: amap.to_json()}
     write_plan(
-        path, plan, source, metadata, force=force, inputs=[item.directory], progress=progress
+        path,
+        plan,
+        source,
+        metadata,
+        force=force,
+        inputs=[item.directory],
+        progress=progress,
+        manifest=manifest,
     )
 
 

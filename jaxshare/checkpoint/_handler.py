@@ -29,7 +29,7 @@ from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
 from jaxshare.checkpoint._stream import StreamedItem
-from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, NAMING_FILE
+from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, MANIFEST_FILE, NAMING_FILE
 from jaxshare.internal import asset_files
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
@@ -138,6 +138,9 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         if alias_map.naming is not None:
             files[NAMING_FILE] = alias_map.naming.to_json(indent=1)
         files.update(asset_files(args.assets))
+        if isinstance(args.item, StreamedItem) and args.item.manifest:
+            # Made once the arrays are written (and hashed), before the commit.
+            files[MANIFEST_FILE] = args.item.manifest_json  # type: ignore[assignment]
         return writer, orbax_args, files
 
     async def _write_alias_map(self, directory: epath.Path, files: dict[str, str | bytes]) -> None:
@@ -180,6 +183,8 @@ def write_alias_map(directory: epath.Path, files: dict[str, str | bytes]) -> Non
     for name, data in files.items():
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
+        if callable(data):  # (The manifest: known once the arrays are written.)
+            data = data()
         if isinstance(data, bytes):
             path.write_bytes(data)
         else:

@@ -37,6 +37,7 @@ import tensorstore as ts
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
+from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
 from jaxshare._naming import stack_axis
 from jaxshare._paths import nest
 from jaxshare._plan import Plan, PlanEntry, ReadAhead
@@ -91,11 +92,14 @@ class StreamedItem:
       plan: the outputs (Flax paths) and their ties.
       source: where they are read from.
       progress: called after each array is written (from Orbax's writing thread).
+      manifest: hash each array as it is written, for :meth:`manifest`.
     """
 
     plan: Plan
     source: TensorSource
     progress: ProgressFn | None = None
+    manifest: bool = False
+    _hashes: dict[str, str | None] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _done: int = field(default=0, repr=False)
 
@@ -128,6 +132,26 @@ class StreamedItem:
         )
         return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, **kwargs)
 
+    def manifest_json(self) -> str:
+        """The :class:`jaxshare.internal.Manifest` of the arrays written, as JSON (a
+        zero-size array hashes to the digest of no bytes; a stack written on an
+        axis other than the first, one layer at a time, is not hashed)."""
+        empty = TensorHash().hexdigest()
+        entries = {
+            e.name: ManifestEntry(
+                tuple(e.info.shape),
+                e.info.dtype,
+                empty if 0 in e.info.shape else self._hashes.get(e.name),
+            )
+            for e in self.plan.entries
+        }
+        return Manifest(entries).to_json(indent=1)
+
+    def _hash(self, entry: PlanEntry, array: np.ndarray) -> None:
+        h = TensorHash()
+        h.update(array)
+        self._hashes[entry.name] = h.hexdigest()
+
     def report(self, entry: PlanEntry) -> None:
         self._done += 1
         if self.progress is not None:
@@ -157,7 +181,9 @@ class StreamedItem:
         if axis is None:
             return plan.cost(source, entry), partial(plan.array, source, entry)
         layer = entry.info.nbytes // max(1, entry.info.shape[axis])
-        return 2 * layer, partial(_Layers, plan, source, entry, axis)
+        # Layers on the first axis are the stack's bytes in order: hashed as they come.
+        hashed = TensorHash() if self.manifest and axis == 0 else None
+        return 2 * layer, partial(_Layers, plan, source, entry, axis, hashed)
 
     async def write(
         self,
@@ -178,7 +204,16 @@ class StreamedItem:
 
             async def write_one(i: int, array: np.ndarray | _Layers) -> None:
                 try:
-                    await handler.write_array(array, infos[i], args[i])
+                    if self.manifest and not isinstance(array, _Layers):
+                        # Hashed beside the write (hashlib lets go of the GIL).
+                        await asyncio.gather(
+                            handler.write_array(array, infos[i], args[i]),
+                            asyncio.to_thread(self._hash, leaves[i].entry, array),
+                        )
+                    else:
+                        await handler.write_array(array, infos[i], args[i])
+                        if isinstance(array, _Layers) and array.hashed is not None:
+                            self._hashes[leaves[i].entry.name] = array.hashed.hexdigest()
                 finally:  # Even a failed write frees its bytes: the next read goes on.
                     del array  # Freed before its bytes go back to the budget.
                     ahead.release(i)
@@ -221,17 +256,28 @@ class _Layers(_Leaf):
     """A stack of layers to write: each layer read (``read(k)``, the array with the
     layer axis of length 1) only when it is written."""
 
-    __slots__ = ("axis", "plan", "source")
+    __slots__ = ("axis", "hashed", "plan", "source")
 
-    def __init__(self, plan: Plan, source: TensorSource, entry: PlanEntry, axis: int) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        source: TensorSource,
+        entry: PlanEntry,
+        axis: int,
+        hashed: TensorHash | None = None,
+    ) -> None:
         super().__init__(-1, entry)
-        self.plan, self.source, self.axis = plan, source, axis
+        self.plan, self.source, self.axis, self.hashed = plan, source, axis, hashed
 
     def layer_index(self, k: int) -> tuple[slice, ...]:
         return (*(slice(None),) * self.axis, slice(k, k + 1))
 
     def read(self, k: int) -> np.ndarray:
-        return self.plan.read_slice(self.source, self.entry, self.layer_index(k))
+        """Layer ``k``, hashed (layers on the first axis, read in order) when asked."""
+        layer = self.plan.read_slice(self.source, self.entry, self.layer_index(k))
+        if self.hashed is not None:
+            self.hashed.update(layer)
+        return layer
 
 
 class _LeafHandler(ocp.type_handlers.NumpyHandler):

@@ -30,6 +30,7 @@ __all__ = [
     "DCP_METADATA_FILE",
     "EMPTY_ARRAYS_KEY",
     "ITEM",
+    "MANIFEST_FILE",
     "NAMING_FILE",
     "ORBAX_METADATA_FILE",
     "find_item",
@@ -44,6 +45,8 @@ ALIAS_MAP_FILE = "jaxshare_alias_map.json"
 DCP_METADATA_FILE = ".metadata"
 #: The naming record of a converted tree (see ``jaxshare.NamingRecord``), when it has one.
 NAMING_FILE = "jaxshare_naming.json"
+#: The per-tensor hashes of an item written with ``manifest=True`` (``Manifest`` JSON).
+MANIFEST_FILE = "jaxshare_manifest.json"
 EMPTY_ARRAYS_KEY = "jaxshare.empty_arrays"
 #: The folder of an item's assets: the model directory's files that travel with it.
 ASSETS_DIR = "jaxshare_assets"

@@ -33,6 +33,7 @@ import numpy as np
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._json import loads
+from jaxshare._manifest import Manifest, TensorHash
 from jaxshare._mapped import copy_view, map_file
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputKind, atomic_output, start_writeback
@@ -43,6 +44,7 @@ from jaxshare._source import Index, TensorSource, file_part
 
 __all__ = [
     "ALIAS_MAP_KEY",
+    "MANIFEST_KEY",
     "MAX_HEADER_BYTES",
     "NAMING_KEY",
     "SAFETENSORS",
@@ -54,6 +56,7 @@ __all__ = [
     "dtype_code",
     "inspect_safetensors",
     "is_safetensors_file",
+    "manifest_in",
     "tie_metadata",
     "read_header",
     "save_plan",
@@ -65,6 +68,9 @@ __all__ = [
 ALIAS_MAP_KEY = "jaxshare.alias_map"
 #: The metadata key holding the naming record of a converted model (``NamingRecord`` JSON).
 NAMING_KEY = "jaxshare.naming"
+#: The metadata key holding the per-tensor hashes of the file (``Manifest`` JSON), when
+#: it was written with ``manifest=True``.
+MANIFEST_KEY = "jaxshare.manifest"
 #: safetensors refuses headers over 100 MB; so does jaxshare, before reading one.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -316,6 +322,21 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
     return amap
 
 
+def manifest_in(header: SafetensorsHeader) -> Manifest | None:
+    """The manifest a file records under :data:`MANIFEST_KEY` (``None``: none).
+
+    Raises:
+      ValueError: the metadata is not a valid manifest (one line naming the file).
+    """
+    text = header.metadata.get(MANIFEST_KEY)
+    if text is None:
+        return None
+    try:
+        return Manifest.from_json(text)
+    except ValueError as e:
+        raise ValueError(f"{header.path}: metadata {MANIFEST_KEY!r} is invalid: {e}") from None
+
+
 def inspect_safetensors(path: str | os.PathLike) -> TieReport:
     """The tie report of a ``.safetensors`` file, from its header alone.
 
@@ -437,11 +458,17 @@ def write_safetensors(
     *,
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
-) -> Iterator[Callable[[Iterable[np.ndarray]], None]]:
+    manifest: bool = False,
+) -> Iterator[Callable[[Iterable[np.ndarray]], str | None]]:
     """Yields ``write(blocks)``, to be called once per spec, in order, with the
     tensor's bytes in C order as numpy arrays of its dtype (one array or many
     blocks). The file is written at a temporary name and appears at ``path``
     only when complete.
+
+    With ``manifest``, each tensor is hashed as it is written (``write`` returns
+    its SHA-256) and the metadata records the :class:`jaxshare.internal.Manifest`
+    under :data:`MANIFEST_KEY`: the header is written first with stand-ins of the
+    digests' length, each put in place once its tensor is written.
 
     Raises:
       FileExistsError: ``path`` exists and ``force`` is false.
@@ -457,23 +484,33 @@ def write_safetensors(
     >>> read_header(path).metadata
     {'format': 'np'}
     """
-    header = _header_bytes(specs, metadata or {})
+    metadata = dict(metadata or {})
+    marks: list[str] = []
+    if manifest:
+        placeholder, marks = Manifest.placeholder((s.name, s.shape, s.dtype.name) for s in specs)
+        metadata[MANIFEST_KEY] = placeholder.to_json()
+    header = _header_bytes(specs, metadata)
+    # Where each digest's stand-in is in the header: hex, never escaped, and random.
+    places = [8 + header.index(mark.encode()) for mark in marks]
     written = 0
     with atomic_output(path, SAFETENSORS, force=force, inputs=inputs) as tmp:
         with open(tmp, "wb") as f:
 
-            def write(blocks: Iterable[np.ndarray]) -> None:
+            def write(blocks: Iterable[np.ndarray]) -> str | None:
                 nonlocal written
                 if written == len(specs):
                     raise ValueError(f"{path}: more tensors written than the {len(specs)} specs.")
                 spec = specs[written]
                 size = 0
+                digest = TensorHash() if manifest else None
                 for block in blocks:
                     if block.dtype != spec.dtype:
                         raise ValueError(
                             f"{spec.name!r}: expected {spec.dtype.name}, got {block.dtype.name}."
                         )
                     data = np.ascontiguousarray(block)
+                    if digest is not None:
+                        digest.update(data)
                     if not copy_view(data, f):  # (A mapped file's pages: copied file to file.)
                         f.write(data.reshape(-1).view(np.uint8).data if data.size else b"")
                     size += data.nbytes
@@ -483,12 +520,20 @@ def write_safetensors(
                 if size >= _WRITEBACK_MIN:  # The disk writes it while the next is read.
                     f.flush()
                     start_writeback(f.fileno(), f.tell() - size, size)
+                if digest is None:
+                    return None
+                digests.append(digest.hexdigest())
+                return digests[-1]
 
+            digests: list[str] = []
             f.write(struct.pack("<Q", len(header)))
             f.write(header)
             yield write
             if written != len(specs):
                 raise ValueError(f"{path}: wrote {written} of {len(specs)} tensors.")
+            for place, digest in zip(places, digests, strict=True):  # The stand-ins replaced.
+                f.seek(place)
+                f.write(digest.encode())
             f.flush()
             os.fsync(f.fileno())
 
@@ -502,9 +547,11 @@ def save_plan(
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
+    manifest: bool = False,
 ) -> None:
     """Writes the outputs of ``plan``, read from ``source`` one at a time, to a
-    ``.safetensors`` file whose metadata records the plan's ties (and naming).
+    ``.safetensors`` file whose metadata records the plan's ties (and naming),
+    and with ``manifest`` the hash of every tensor written (:data:`MANIFEST_KEY`).
 
     Memory holds about two tensors: each is read, cast and transposed as the
     plan says while the one before is written (:meth:`Plan.arrays`), and dropped
@@ -521,7 +568,9 @@ def save_plan(
     'bfloat16'
     """
     meta = {"format": "pt", **(metadata or {}), **tie_metadata(plan.alias_map)}
-    write_plan(path, plan, source, meta, force=force, inputs=inputs, progress=progress)
+    write_plan(
+        path, plan, source, meta, force=force, inputs=inputs, progress=progress, manifest=manifest
+    )
 
 
 def write_plan(
@@ -533,12 +582,15 @@ def write_plan(
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
     progress: ProgressFn | None = None,
+    manifest: bool = False,
 ) -> None:
     """Writes the entries of ``plan`` with exactly ``metadata`` (:func:`save_plan`
     adds the plan's ties to it): the streaming writer under every
-    ``.safetensors`` output."""
+    ``.safetensors`` output (``manifest``: as for :func:`write_safetensors`)."""
     specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
-    with write_safetensors(path, specs, metadata, force=force, inputs=inputs) as write:
+    with write_safetensors(
+        path, specs, metadata, force=force, inputs=inputs, manifest=manifest
+    ) as write:
         if source.mapped:  # Views of mapped memory, written as they are: no copy.
             for done, entry in enumerate(plan.entries, 1):
                 write(plan.blocks(source, entry))
