@@ -4,7 +4,8 @@ A ZeRO-3 checkpoint of GPT-2 small (124M parameters, ``lm_head`` tied to
 ``transformer.wte``; about 1.5 GB of files) is written by the real DeepSpeed
 (world size 2, gloo on CPU, one AdamW step) into a temporary folder, then read
 both ways, each measurement in a fresh subprocess under
-``/work/shared/tools/peakmem`` (peak anonymous memory of the process tree), the
+``shared/tools/peakmem`` (found beside the checkout as ``stream_convert.py`` finds
+it; peak anonymous memory of the process tree), the
 peers alternating over ``--rounds``:
 
 - ``dict``: the full fp32 state dict in memory. DeepSpeed:
@@ -45,8 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from stream_convert import PEAKMEM  # shared/tools/peakmem, found relative to the checkout
+
 GOAL_TIME, GOAL_MEMORY = 0.5, 0.5
-PEAKMEM = "/work/shared/tools/peakmem"
 HERE = Path(__file__).resolve()
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0",
        "TORCH_EXTENSIONS_DIR": str(HERE.parents[1] / "build" / "torch_extensions")}  # fmt: skip
@@ -146,8 +148,8 @@ def check(root: str) -> None:
 def measure(peer: str, mode: str, root: Path, scratch: Path) -> dict:
     suffix = {"dict": "", "file": ".safetensors" if peer == "ours" else ".bin"}.get(mode, "")
     out = scratch / f"{peer}-{mode}{suffix}"
-    cmd = [PEAKMEM, "--json", "--", sys.executable, str(HERE), "--child", peer, mode,
-           str(root), str(out)]  # fmt: skip
+    cmd = [sys.executable, str(PEAKMEM), "--json", "--", sys.executable, str(HERE), "--child",
+           peer, mode, str(root), str(out)]  # fmt: skip
     run = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
     if run.returncode:
         sys.stderr.write(run.stdout[-3000:] + run.stderr[-3000:])
@@ -175,6 +177,8 @@ def main() -> None:
         return check(args.check)
     if args.generate_worker:
         return generate_worker(args.generate_worker)
+    if not PEAKMEM.exists():
+        raise SystemExit(f"{PEAKMEM}: missing; put shared/tools/peakmem in or beside the checkout.")
 
     with tempfile.TemporaryDirectory(prefix="ds-zero-bench-") as tmp:
         scratch = Path(tmp)

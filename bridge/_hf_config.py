@@ -1,9 +1,12 @@
 """The ties a Hugging Face ``config.json`` declares, and the layer type of every module.
 
 ``save_pretrained`` leaves a tied tensor out of the files (``lm_head.weight`` when
-it is ``transformer.wte.weight``): only the config says the tie exists. Where
-``transformers`` (and torch) are installed, the model class of ``config.json`` is
-built on the meta device and tells exactly (:mod:`bridge._hf_meta`).
+it is ``transformer.wte.weight``): only the config says the tie exists. The model
+class of ``config.json`` tells exactly: read from a table generated from
+transformers (:mod:`bridge._hf_table`, no import of transformers or torch) where
+only its ties, layer kinds and tensor order are asked for and the table holds the
+class, else built on the meta device where ``transformers`` (and torch) are
+installed (:mod:`bridge._hf_meta`).
 
 Without ``transformers`` a table of the usual names stands in
 (:data:`WORD_EMBEDDING_HEADS`, :data:`INPUT_EMBEDDINGS`, :data:`ALWAYS_TIED`),
@@ -102,6 +105,10 @@ class ConfigTies:
         tensor name as (transformers 5 renames the names of older checkpoints:
         ViT's ``encoder.layer.0.attention.attention.key`` is its ``layers.0.
         attention.k_proj``); the name itself where nothing renames it.
+      order: a sort key putting tensor names in the model's ``state_dict()`` order
+        (names the model lacks last); ``None`` where nothing says it.
+      tabulated: whether the table generated from transformers told
+        (:mod:`bridge._hf_table`: no :attr:`names`, :attr:`model` or renames).
     """
 
     ties: Mapping[str, str]
@@ -111,6 +118,8 @@ class ConfigTies:
     unnamed: tuple[str, ...] = ()
     model: Any = field(default=None, repr=False, compare=False)
     load_name: Callable[[str], str] = field(default=str, repr=False, compare=False)
+    order: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+    tabulated: bool = False
 
 
 def config_dict(config: Any) -> dict:
@@ -161,14 +170,26 @@ def config_ties(
     rules: Rules,
     *,
     use_transformers: bool | None = None,
+    need_model: bool = True,
 ) -> ConfigTies:
     """The ties (and layer types) ``config`` declares for a model whose files
     hold the tensors ``stored``.
 
-    With ``use_transformers`` (default: when it is installed) the model class is
-    built on the meta device; if that fails (an architecture this transformers
-    does not know, a config it rejects) the table decides.
+    Unless ``use_transformers`` is ``False``: without ``need_model`` (only the
+    ties, layer kinds and order are asked for) the table generated from
+    transformers tells where it holds the class (:mod:`bridge._hf_table`);
+    otherwise, with ``use_transformers`` (default: when it is installed), the
+    model class is built on the meta device. If neither can (an architecture
+    this transformers does not know, a config it rejects) the table of usual
+    names decides.
     """
+    if use_transformers is not False and not need_model:
+        from bridge._hf_table import table_ties
+
+        answer = table_ties(config, stored, rules)
+        if answer is not None:
+            ties, layers, key = answer
+            return ConfigTies(ties, layers, exact=True, order=key, tabulated=True)
     if use_transformers is None:
         use_transformers = has_transformers()
     if use_transformers:
@@ -177,8 +198,16 @@ def config_ties(
         found = meta_model_ties(config, rules, stored)
         if found is not None:
             ties, layers, names, model, load_name = found
-            names = MappingProxyType(names)
-            return ConfigTies(ties, layers, names, exact=True, model=model, load_name=load_name)
+            rank = {name: i for i, name in enumerate(names)}
+            return ConfigTies(
+                ties,
+                layers,
+                MappingProxyType(names),
+                exact=True,
+                model=model,
+                load_name=load_name,
+                order=lambda name: rank.get(name, len(rank)),
+            )
     return _table_ties(config, stored)
 
 

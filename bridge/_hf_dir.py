@@ -136,12 +136,14 @@ class HFDirectory(TensorSource):
         # (A Flax msgpack's names are Flax paths; the config's ties, in PyTorch names,
         # come back where they are written in PyTorch names: bridge.save_hf.)
         if self.config is not None and layout.flavour != "msgpack":
-            found = config_ties(self.config, infos, rules, use_transformers=use_transformers)
+            found = config_ties(
+                self.config, infos, rules, use_transformers=use_transformers, need_model=False
+            )
             self.exact = found.exact
             self._config_ties(found, infos, ties, origins)
-        if found.names is not None:
-            rank = {name: i for i, name in enumerate(found.names)}
-            infos = dict(sorted(infos.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+        if found.order is not None:
+            key = found.order
+            infos = dict(sorted(infos.items(), key=lambda kv: key(kv[0])))
         self.infos = infos
         self.ties = AliasMap(ties, transforms=transforms, naming=naming)
         self.origins = {a: origins[a] for a in self.ties}
@@ -153,6 +155,8 @@ class HFDirectory(TensorSource):
         if self.config is not None:
             arch = (self.config.get("architectures") or ["?"])[0]
             by = "the model class on the meta device" if self.exact else "jaxshare's table"
+            if found.tabulated:
+                by = "the model class (tabulated from transformers)"
             if layout.flavour == "msgpack":
                 parts.append(f"{CONFIG_FILE}: {arch}, its Flax model's own params")
             else:
@@ -183,7 +187,7 @@ class HFDirectory(TensorSource):
             sorted([canonical, *aliases], key=mention.__getitem__)
             for canonical, aliases in AliasMap(declared).groups().items()
         ]
-        order = {name: i for i, name in enumerate(found.names or ())}
+        order = found.order or (lambda name: 0)
         for members in groups:
             present = [m for m in members if m in infos or m in ties]
             if not present:
@@ -193,7 +197,7 @@ class HFDirectory(TensorSource):
                     stacklevel=4,
                 )
                 continue
-            present.sort(key=lambda m: (m in ties, order.get(m, len(order)), members.index(m)))
+            present.sort(key=lambda m: (m in ties, order(m), members.index(m)))
             root = ties.get(present[0], present[0])
             for member in members:
                 if member not in infos and member not in ties:
