@@ -9,7 +9,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 # Nothing is ever downloaded from a model hub, by tests or by the demo.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint venv bench fixtures flax-fixtures maxtext-fixtures clean
+.PHONY: demo test lint venv bench fixtures optim-fixtures flax-fixtures maxtext-fixtures hf-table clean
 
 venv: $(STAMP)
 
@@ -52,10 +52,22 @@ fixtures: $(BENCH_VENV)/.installed-stamp
 	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions \
 		$(BENCH_VENV)/bin/python tests/data/deepspeed/make_fixtures.py
 
+# The DeepSpeed training states under tests/data/deepspeed_optim (moments, step, groups, and
+# five further steps recorded for the resume tests), by the real DeepSpeed as above.
+optim-fixtures: $(BENCH_VENV)/.installed-stamp
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions \
+		$(BENCH_VENV)/bin/python tests/data/deepspeed_optim/make_fixtures.py
+
 # The parameter trees of transformers 4.57's Flax classes under tests/data/transformers_flax,
 # for the transformers-flax layout; transformers 5 (in .venv) has no Flax classes.
 flax-fixtures: $(BENCH_VENV)/.installed-stamp
 	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python tests/data/transformers_flax/make_fixtures.py
+
+# bridge/_hf_table.json: the ties, layer kinds and tensor order of transformers' model
+# classes, each built on the meta device, so reading a directory imports neither
+# transformers nor torch (tests/bridge/test_hf_table.py checks it against them).
+hf-table: $(STAMP)
+	$(BIN)/python -m bridge._hf_meta
 
 # MaxText-layout items of tiny Llama, Mistral and Gemma models, by MaxText's mapping.
 maxtext-fixtures: $(STAMP)

@@ -16,6 +16,9 @@ import typing as _typing
 from jaxshare.internal import exports as _exports
 
 if _typing.TYPE_CHECKING:
+    from bridge._check import CheckReport as CheckReport
+    from bridge._check import Finding as Finding
+    from bridge._check import check as check
     from bridge._convert import convert as convert
     from bridge._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
     from bridge._deepspeed import load_deepspeed as load_deepspeed
@@ -28,6 +31,9 @@ if _typing.TYPE_CHECKING:
     from bridge._layouts import Layout as Layout
     from bridge._layouts import detect_layout as detect_layout
     from bridge._open import open_source as open_source
+    from bridge._optax import optax_for as optax_for
+    from bridge._optax import to_optax as to_optax
+    from bridge._optax_torch import from_optax as from_optax
     from bridge._outputs import FORMATS as FORMATS
     from bridge._outputs import NAMES as NAMES
     from bridge._rules import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
@@ -46,11 +52,15 @@ if _typing.TYPE_CHECKING:
     from bridge._torch_naming import torch_plan as torch_plan
     from bridge._torchfile import load_torch as load_torch
     from bridge._torchfile import save_torch as save_torch
+    from bridge._verify import VerifyFinding as VerifyFinding
+    from bridge._verify import VerifyReport as VerifyReport
+    from bridge._verify import verify as verify
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
         # Torch-free: files, plans, naming.
+        "bridge._check": ["CheckReport", "Finding", "check"],
         "bridge._convert": ["convert"],
         "bridge._flax_placement": ["FlaxPlan", "flax_plan"],
         "bridge._hf_dir": ["HFDirectory"],
@@ -58,6 +68,7 @@ __getattr__, __dir__, __all__ = _exports(
         "bridge._inspect": ["inspect"],
         "bridge._layouts": ["LAYOUTS", "Layout", "detect_layout"],
         "bridge._open": ["open_source"],
+        "bridge._optax": ["optax_for", "to_optax"],
         "bridge._outputs": ["FORMATS", "NAMES"],
         "bridge._rules": [
             "DEFAULT_LAYERS",
@@ -68,8 +79,10 @@ __getattr__, __dir__, __all__ = _exports(
         ],
         "bridge._to_flax": ["flax_alias_map", "to_flax"],
         "bridge._torch_naming": ["TorchPlan", "torch_alias_map", "torch_plan"],
+        "bridge._verify": ["VerifyFinding", "VerifyReport", "verify"],
         # torch: tensors and modules in and out.
         "bridge._deepspeed": ["DeepSpeedCheckpoint", "load_deepspeed"],
+        "bridge._optax_torch": ["from_optax"],
         "bridge._safetensors": ["load_safetensors", "save_safetensors"],
         "bridge._shared": ["shared_params"],
         "bridge._to_torch": ["to_torch"],

@@ -92,6 +92,8 @@ def convert(
     stack: str | Sequence[str] = (),
     stack_axis: int = 0,
     ties: Mapping[str, str] | Sequence[str] = (),
+    manifest: bool = False,
+    optimizer: bool = False,
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -129,6 +131,16 @@ def convert(
         ``{alias: canonical}`` or ``"ALIAS=CANONICAL"`` strings (``--tie``), in
         PyTorch names; each is checked by content before it is stored once. A DCP
         input's ``config`` declares its ties too (see ``docs/dcp.md``).
+      manifest: record every tensor's hash as it is written (``--manifest``), in
+        the output itself -- a ``.safetensors`` file's metadata, an Orbax item's
+        ``jaxshare_manifest.json``, a Hugging Face directory's shards and index --
+        so :func:`bridge.verify` of the output alone checks it (``docs/verify.md``).
+      optimizer: carry a training run's optimizer state too (``--optimizer``):
+        ``src`` a torch run file, DeepSpeed or DCP folder; ``dst`` a
+        ``CheckpointManager`` directory, written with one step holding ``params``,
+        ``opt_state`` and ``optimizer`` (see ``docs/training-state.md``). A training
+        run converted to a ``.pt`` file goes back to torch with its optimizer state,
+        with or without it.
 
     Returns:
       ``dst`` as a ``Path``.
@@ -152,12 +164,30 @@ def convert(
     (4, 2)
     """
     dst = Path(dst)
+    from bridge._training_step import convert_training, is_training_run
+
+    if optimizer or (is_training_run(src) and dst.suffix in TORCH_SUFFIXES):
+        given = {"--dtype": dtype, "--names": names, "--config": config, "--tie": ties,
+                 "--max-shard-size": max_shard_size, "--stack": stack, "--manifest": manifest,
+                 "--format": format not in (None, "orbax", "torch")}  # fmt: skip
+        extra = [option for option, value in given.items() if value]
+        if extra:
+            raise UsageError(
+                f"a training run converts as it is: {', '.join(extra)} do not apply (its "
+                "weights alone convert without --optimizer)."
+            )
+        return convert_training(src, dst, force=force, rules=as_rules(rules), layout=layout)
     rules = _with_stacks(as_rules(rules), stack, stack_axis)
     float_dtype(dtype)  # A bad `dtype` fails before anything is read.
     # A DCP folder's config declares its ties; any other input's is the output's.
     declares = isinstance(src, (str, os.PathLike)) and is_dcp_folder(src)
     hf_options = (config is not None and not declares) or max_shard_size is not None
     fmt = output_format(dst, format, hf_options=hf_options)
+    if manifest and fmt in ("torch", "dcp"):
+        raise UsageError(
+            f"--manifest is written into Orbax items, .safetensors files and Hugging Face "
+            f"directories, not a {fmt} output; convert to one of those to verify it alone."
+        )
     if fmt != "hf" and hf_options:
         raise UsageError(
             "--config and --max-shard-size are for Hugging Face directory outputs (and "
@@ -202,6 +232,7 @@ def convert(
                 progress=progress,
                 rules=rules,
                 layout=layout,
+                manifest=manifest,
             )
         if (
             fmt == "safetensors"
@@ -213,7 +244,7 @@ def convert(
 
             # Every alias written out too, for readers that know no ties.
             checkpoint.consolidate_to_safetensors(
-                source.where, dst, dtype=dtype, force=force, progress=progress
+                source.where, dst, dtype=dtype, force=force, progress=progress, manifest=manifest
             )
             return dst
         plan, reads = _plan(source, fmt, names, rules, layout)
@@ -221,9 +252,13 @@ def convert(
         if fmt == "orbax":
             from jaxshare import checkpoint
 
-            checkpoint.write_item(dst, plan, reads, force=force, inputs=inputs, progress=progress)
+            checkpoint.write_item(
+                dst, plan, reads, force=force, inputs=inputs, progress=progress, manifest=manifest
+            )
         elif fmt == "safetensors":
-            save_plan(dst, plan, reads, force=force, inputs=inputs, progress=progress)
+            save_plan(
+                dst, plan, reads, force=force, inputs=inputs, progress=progress, manifest=manifest
+            )
         elif fmt == "dcp":
             write_dcp(dst, plan, reads, force=force, inputs=inputs, progress=progress)
         else:

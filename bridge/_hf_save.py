@@ -33,6 +33,7 @@ from jaxshare import AliasMap, NamingRecord
 from jaxshare.formats import (
     CONFIG_FILE,
     DEFAULT_MAX_SHARD_SIZE,
+    MANIFEST_KEY,
     SAFE_INDEX,
     SAFE_WEIGHTS,
     TensorSpec,
@@ -42,6 +43,8 @@ from jaxshare.formats import (
 )
 from jaxshare.internal import (
     HF_DIRECTORY,
+    Manifest,
+    ManifestEntry,
     PlannedSource,
     UnstackedSource,
     atomic_output,
@@ -96,7 +99,7 @@ def _is_state_dict(mapping: Mapping) -> bool:
 
 
 def _outputs(
-    plan: Plan, tied_by_config: Mapping[str, str], names: Iterable[str] | None
+    plan: Plan, tied_by_config: Mapping[str, str], order: Callable[[str], Any] | None
 ) -> list[PlanEntry]:
     """The entries to write: the plan's, plus each alias the config does not tie
     (transformers reads no alias map) read from its canonical's source, in the
@@ -113,10 +116,9 @@ def _outputs(
             continue  # Left out, as save_pretrained leaves it out.
         c = by_name[canonical]
         entries.append(PlanEntry(alias, c.source, compose(perm, c.perm), c.info.permuted(perm)))
-    if names is not None:
-        rank = {n: i for i, n in enumerate(names)}
+    if order is not None:
         position = {e.name: i for i, e in enumerate(entries)}
-        entries.sort(key=lambda e: (rank.get(e.name, len(rank)), position[e.name]))
+        entries.sort(key=lambda e: (order(e.name), position[e.name]))
     return entries
 
 
@@ -183,6 +185,7 @@ def save_hf(
     rules: Rules | Sequence[Rule] | None = None,
     layout: str | Layout | None = None,
     use_transformers: bool | None = None,
+    manifest: bool = False,
 ) -> Path:
     """Writes a Hugging Face model directory that transformers'
     ``from_pretrained`` loads with no missing or unexpected keys.
@@ -226,6 +229,9 @@ def save_hf(
         ``"jaxshare"`` or ``"transformers-flax"``; default: found from the tree (no
         collection at the top: transformers-flax), see ``docs/flax-layouts.md``.
       use_transformers: as for :class:`HFDirectory`, for the config's ties.
+      manifest: record every tensor's hash as it is written (each shard's
+        metadata, and the index's ``metadata`` under ``"jaxshare.manifest"``), for
+        :func:`bridge.verify` of the directory alone.
 
     Returns:
       ``directory`` as a ``Path``.
@@ -239,8 +245,14 @@ def save_hf(
     limit = parse_size(DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size)
     float_dtype(dtype)
 
-    def meta(config: Any) -> ConfigTies:
-        return config_ties(config_dict(config), (), rules, use_transformers=use_transformers)
+    def meta(config: Any, stored: Sequence[str] = (), *, need_model: bool = True) -> ConfigTies:
+        return config_ties(
+            config_dict(config),
+            stored,
+            rules,
+            use_transformers=use_transformers,
+            need_model=need_model,
+        )
 
     def like() -> Any:
         """The meta model to name Flax leaves after, where no naming record does."""
@@ -269,10 +281,15 @@ def save_hf(
         cfg = config_dict(config)
         if layout is not None and as_layout(layout).reshapes and source.flax_named:
             source = maxtext_view(source, cfg)  # MaxText's item as its PyTorch tensors.
-        found = meta(cfg)
+        # The model class itself, built on the meta device, only where it names
+        # leaves or checks them; else the ties the table tells, after the plan.
+        needs_model = plan is None and _needs_model(source, cfg, rules, layout)
+        found = meta(cfg) if needs_model else ConfigTies({})
         if plan is None:
             # Stacks of layers (a scanned tree's) as layers, each read as its slice.
             plan, source = unstacked(*_plan_of(source, cfg, found, rules, layout, directory))
+        if not needs_model:
+            found = meta(cfg, [e.name for e in plan.entries], need_model=False)
         plan = plan.cast(dtype)
         flax_names = [e.name for e in plan.entries if "/" in e.name]
         if flax_names:
@@ -286,7 +303,7 @@ def save_hf(
         plan = _without_tied_copies(plan, source, found.ties, cfg, Path(directory))
         # Layers split from stacks come stack after stack, the order they are read in
         # (a stack stored in one chunk is read once); the rest in the model's order.
-        order = None if isinstance(source, UnstackedSource) else found.names
+        order = None if isinstance(source, UnstackedSource) else found.order
         entries = _outputs(plan, found.ties, order)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
@@ -297,12 +314,27 @@ def save_hf(
         assets = {n: p for n, p in source.assets.items() if n != CONFIG_FILE}
         _write(
             Path(directory), plan, source, shards, names, text, assets,
-            force=force, inputs=inputs, progress=progress,
+            force=force, inputs=inputs, progress=progress, manifest=manifest,
         )  # fmt: skip
     finally:
         if opened is not source_or_tree:
             opened.close()
     return Path(directory)
+
+
+def _needs_model(
+    source: TensorSource, config: dict, rules: Rules, layout: str | Layout | None
+) -> bool:
+    """Whether naming ``source``'s tensors in PyTorch needs the config's model
+    class (see :func:`_plan_of`): a Flax-named source without a naming record or
+    stacks (the class names its leaves, or checks the layout's names), or in the
+    transformers-flax layout (the class tells what its port computes)."""
+    if not source.flax_named:
+        return False
+    if source.ties.naming is None and not rules.stacks:
+        return True
+    chosen = detect_layout(layout, list(source.infos), config)
+    return chosen is not None and not chosen.collections
 
 
 def _plan_of(
@@ -470,8 +502,10 @@ def _write(
     force: bool,
     inputs: Iterable[str | os.PathLike],
     progress: ProgressFn | None,
+    manifest: bool = False,
 ) -> None:
     amap = plan.alias_map
+    hashes: dict[str, ManifestEntry] = {}
     total = sum(len(s) for s in shards)
     done = 0
     with atomic_output(dst, HF_DIRECTORY, force=force, inputs=inputs) as tmp:
@@ -486,9 +520,10 @@ def _write(
             )
             metadata = {"format": "pt", **tie_metadata(shard_map)}
             specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in shard]
-            with write_safetensors(tmp / name, specs, metadata) as write:
+            with write_safetensors(tmp / name, specs, metadata, manifest=manifest) as write:
                 for entry in shard:
-                    write(plan.blocks(source, entry))
+                    digest = write(plan.blocks(source, entry))
+                    hashes[entry.name] = ManifestEntry(entry.info.shape, entry.info.dtype, digest)
                     done += 1
                     if progress is not None:
                         progress(done, total, entry.name, entry.info.nbytes)
@@ -498,6 +533,7 @@ def _write(
                 "metadata": {
                     "total_parameters": sum(int(np.prod(e.info.shape)) for s in shards for e in s),
                     "total_size": sum(e.info.nbytes for s in shards for e in s),
+                    **({MANIFEST_KEY: Manifest(hashes).to_dict()} if manifest else {}),
                 },
                 "weight_map": dict(sorted(weight_map.items())),
             }

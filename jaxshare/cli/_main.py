@@ -56,9 +56,33 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             ties=args.tie,
             force=args.force,
             progress=progress,
+            manifest=args.manifest,
+            optimizer=args.optimizer,
         )
     print(f"wrote {args.dst}")
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = bridge.verify(args.a, args.b, dtype=args.dtype, limit=args.limit)
+    if args.json:
+        print(report.to_json())
+    else:
+        from jaxshare.cli._render import print_verify
+
+        print_verify(report)
+    return 0 if report.ok else 1
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    report = bridge.check(args.path, config=args.config)
+    if args.json:
+        print(report.to_json())
+    else:
+        from jaxshare.cli._render import print_check
+
+        print_check(report)
+    return 0 if report.ok else 1
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -154,7 +178,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="replace DST if it is an output of the same kind"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--manifest",
+        action="store_true",
+        help="record every tensor's hash in the output, for `jaxshare verify DST` alone",
+    )
+    p.add_argument(
+        "--optimizer",
+        action="store_true",
+        help="carry a training run's optimizer state too: SRC a torch run file, DeepSpeed or "
+        "DCP folder, DST a CheckpointManager directory (params, opt_state, optimizer items)",
+    )
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "verify",
+        help="compare two checkpoints of any formats bit for bit, or one with its manifest",
+    )
+    p.add_argument("a", help="any input `inspect` takes")
+    p.add_argument("b", nargs="?", default=None, help="the other input (default: A's manifest)")
+    p.add_argument(
+        "--dtype", default=None, help="a cast declared from A to B: B must be exactly A cast"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p.add_argument(
+        "--limit", type=int, default=10, metavar="N", help="differences shown (default 10)"
+    )
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("check", help="hold the ties a checkpoint declares against what it stores")
+    p.add_argument("path", help="any input `inspect` takes")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config.json whose ties and tensors PATH should hold (default: PATH's own)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("demo", help="the end-to-end story on a small built-in tied model")
     p.add_argument(

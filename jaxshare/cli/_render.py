@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console
@@ -24,7 +24,10 @@ from rich.text import Text
 from jaxshare.internal import format_bytes
 from jaxshare.stream import ProgressFn, TieReport
 
-__all__ = ["print_report", "progress_bar", "report_lines"]
+if TYPE_CHECKING:
+    from bridge import CheckReport, VerifyReport
+
+__all__ = ["print_check", "print_report", "print_verify", "progress_bar", "report_lines"]
 
 
 def _console(stream: TextIO) -> Console:
@@ -112,6 +115,30 @@ def print_report(report: TieReport, stream: TextIO | None = None) -> None:
     console.print(Text(summary))
 
 
+def print_check(report: CheckReport, stream: TextIO | None = None) -> None:
+    """Prints ``report`` (:func:`bridge.check`'s): one line per finding, the notes,
+    the summary."""
+    console = _console(stream or sys.stdout)
+    for line in report.lines():
+        console.print(Text(line))
+
+
+def print_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
+    """Prints ``report`` (:func:`bridge.verify`'s): one line per finding (the first
+    ``limit`` differences), the notes, the summary."""
+    console = _console(stream or sys.stdout)
+    for line in report.lines():
+        console.print(Text(line))
+
+
+def _rate(bytes_per_second: float) -> str:
+    """A transfer rate in decimal units, as disks are measured: ``'1.23 GB/s'``
+    (``'45.6 MB/s'`` under 0.1 GB/s)."""
+    if bytes_per_second >= 1e8:
+        return f"{bytes_per_second / 1e9:.2f} GB/s"
+    return f"{bytes_per_second / 1e6:.1f} MB/s"
+
+
 @contextmanager
 def progress_bar(
     enabled: bool = True, stream: TextIO | None = None, what: str = "tensors"
@@ -137,7 +164,7 @@ def progress_bar(
         console.print(
             Text(
                 f"{state['done']} {what}, {format_bytes(state['bytes'])} in {seconds:.1f} s "
-                f"({format_bytes(int(state['bytes'] / seconds))}/s)"
+                f"({_rate(state['bytes'] / seconds)})"
             )
         )
         return
@@ -159,7 +186,7 @@ def progress_bar(
                 completed=done,
                 total=total,
                 description=name[-40:],
-                rate=f"{format_bytes(state['bytes'])}  {format_bytes(int(rate))}/s",
+                rate=f"{format_bytes(state['bytes'])}  {_rate(rate)}",
             )
 
         yield update

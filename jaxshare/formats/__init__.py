@@ -21,8 +21,13 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._dcp import DCPFolder as DCPFolder
     from jaxshare.formats._dcp import is_dcp_folder as is_dcp_folder
     from jaxshare.formats._dcp import read_dcp_metadata as read_dcp_metadata
+    from jaxshare.formats._dcp_optim import is_dcp_training_folder as is_dcp_training_folder
+    from jaxshare.formats._dcp_optim import read_dcp_training as read_dcp_training
     from jaxshare.formats._dcp_write import write_dcp as write_dcp
     from jaxshare.formats._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from jaxshare.formats._deepspeed_optim import DeepSpeedSlot as DeepSpeedSlot
+    from jaxshare.formats._deepspeed_optim import is_deepspeed_training as is_deepspeed_training
+    from jaxshare.formats._deepspeed_optim import read_deepspeed_training as read_deepspeed_training
     from jaxshare.formats._hf import BIN_INDEX as BIN_INDEX
     from jaxshare.formats._hf import BIN_WEIGHTS as BIN_WEIGHTS
     from jaxshare.formats._hf import CONFIG_FILE as CONFIG_FILE
@@ -50,12 +55,20 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._layout import is_checkpoint as is_checkpoint
     from jaxshare.formats._layout import is_item as is_item
     from jaxshare.formats._layout import item_assets as item_assets
+    from jaxshare.formats._layout import MANIFEST_FILE as MANIFEST_FILE
     from jaxshare.formats._msgpack import MsgpackFile as MsgpackFile
+    from jaxshare.formats._optim import OptimizerState as OptimizerState
+    from jaxshare.formats._optim import ParamGroup as ParamGroup
+    from jaxshare.formats._optim import SlotSource as SlotSource
+    from jaxshare.formats._optim import is_torch_training_file as is_torch_training_file
+    from jaxshare.formats._optim import optimizer_state as optimizer_state
+    from jaxshare.formats._optim import read_torch_training as read_torch_training
     from jaxshare.formats._pytorch import TORCH_SUFFIXES as TORCH_SUFFIXES
     from jaxshare.formats._pytorch import TorchFile as TorchFile
     from jaxshare.formats._pytorch import check_torch_file as check_torch_file
     from jaxshare.formats._pytorch import unpickle_torch_file as unpickle_torch_file
     from jaxshare.formats._safetensors import ALIAS_MAP_KEY as ALIAS_MAP_KEY
+    from jaxshare.formats._safetensors import MANIFEST_KEY as MANIFEST_KEY
     from jaxshare.formats._safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES
     from jaxshare.formats._safetensors import NAMING_KEY as NAMING_KEY
     from jaxshare.formats._safetensors import SafetensorsFile as SafetensorsFile
@@ -64,6 +77,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._safetensors import TensorSpec as TensorSpec
     from jaxshare.formats._safetensors import alias_map_in as alias_map_in
     from jaxshare.formats._safetensors import inspect_safetensors as inspect_safetensors
+    from jaxshare.formats._safetensors import manifest_in as manifest_in
     from jaxshare.formats._safetensors import read_header as read_header
     from jaxshare.formats._safetensors import save_plan as save_plan
     from jaxshare.formats._safetensors import write_safetensors as write_safetensors
@@ -74,8 +88,14 @@ __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
         "jaxshare.formats._dcp": ["DCPFolder", "is_dcp_folder", "read_dcp_metadata"],
+        "jaxshare.formats._dcp_optim": ["is_dcp_training_folder", "read_dcp_training"],
         "jaxshare.formats._dcp_write": ["write_dcp"],
         "jaxshare.formats._deepspeed": ["DeepSpeedCheckpoint"],
+        "jaxshare.formats._deepspeed_optim": [
+            "DeepSpeedSlot",
+            "is_deepspeed_training",
+            "read_deepspeed_training",
+        ],
         "jaxshare.formats._hf": [
             "BIN_INDEX",
             "BIN_WEIGHTS",
@@ -100,6 +120,7 @@ __getattr__, __dir__, __all__ = _exports(
             "ALIAS_MAP_FILE",
             "ASSETS_DIR",
             "EMPTY_ARRAYS_KEY",
+            "MANIFEST_FILE",
             "NAMING_FILE",
             "ORBAX_METADATA_FILE",
             "find_item",
@@ -108,6 +129,14 @@ __getattr__, __dir__, __all__ = _exports(
             "item_assets",
         ],
         "jaxshare.formats._msgpack": ["MsgpackFile"],
+        "jaxshare.formats._optim": [
+            "OptimizerState",
+            "ParamGroup",
+            "SlotSource",
+            "is_torch_training_file",
+            "optimizer_state",
+            "read_torch_training",
+        ],
         "jaxshare.formats._pytorch": [
             "TORCH_SUFFIXES",
             "TorchFile",
@@ -116,6 +145,7 @@ __getattr__, __dir__, __all__ = _exports(
         ],
         "jaxshare.formats._safetensors": [
             "ALIAS_MAP_KEY",
+            "MANIFEST_KEY",
             "MAX_HEADER_BYTES",
             "NAMING_KEY",
             "SafetensorsFile",
@@ -124,6 +154,7 @@ __getattr__, __dir__, __all__ = _exports(
             "TensorSpec",
             "alias_map_in",
             "inspect_safetensors",
+            "manifest_in",
             "read_header",
             "save_plan",
             "write_safetensors",

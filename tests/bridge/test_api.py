@@ -40,6 +40,10 @@ def test_tree_arguments_are_positional_only_and_options_keyword_only():
         "inspect",
         "flax_plan",
         "torch_plan",
+        "check",
+        "verify",
+        "to_optax",
+        "from_optax",
     ):
         params = list(inspect.signature(getattr(bridge, name)).parameters.values())
         assert params[0].kind is inspect.Parameter.POSITIONAL_ONLY, name

@@ -189,3 +189,31 @@ def test_inspecting_a_directory_imports_neither_transformers_nor_torch(tmp_path)
         check=True,
     )
     assert run.stdout.split("\n")[0] == "{'lm_head.weight': 'transformer.wte.weight'} False False"
+
+
+def test_an_item_to_a_directory_names_its_ties_from_the_table(tmp_path):
+    """An item whose naming record names every tensor (a scanned Llama's, stacked) goes
+    to a Hugging Face directory without the meta model, and loads in transformers."""
+    config = transformers.LlamaConfig(**{**CONFIGS["llama"], "tie_word_embeddings": True})
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path / "hf")
+    cli = [sys.executable, "-m", "jaxshare.cli", "convert"]
+    item = tmp_path / "item"
+    subprocess.run([*cli, str(tmp_path / "hf"), str(item), "--stack", "model.layers", "--quiet"],
+                   check=True, capture_output=True)  # fmt: skip
+    code = (
+        "import sys, bridge\n"
+        "bridge.convert(sys.argv[1], sys.argv[2], format='hf')\n"
+        "print('transformers' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(item), str(tmp_path / "back")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.split("\n")[0] == "False False"
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back")
+    assert back.lm_head.weight is back.model.embed_tokens.weight
+    for name, tensor in model.state_dict().items():
+        assert (back.state_dict()[name] == tensor).all(), name

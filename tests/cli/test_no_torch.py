@@ -73,6 +73,9 @@ TORCH_FREE = sorted(
     | {"FlaxPlan", "TorchPlan", "HFDirectory", "convert", "inspect", "open_source", "save_hf"}
     | {"flax_alias_map", "flax_plan", "to_flax", "torch_alias_map", "torch_plan"}
     | {"LAYOUTS", "Layout", "detect_layout"}
+    | {"VerifyFinding", "VerifyReport", "verify"}
+    | {"CheckReport", "Finding", "check"}
+    | {"optax_for", "to_optax"}
 )
 
 
@@ -95,6 +98,7 @@ def test_import_bridge_and_every_torch_free_name_need_no_torch():
     assert set(lines) == {
         "DeepSpeedCheckpoint", "load_deepspeed", "load_safetensors", "save_safetensors",
         "load_torch", "save_torch", "shared_params", "to_torch",
+        "from_optax",
     }  # fmt: skip
     for name, message in lines.items():
         assert message == (
