@@ -38,7 +38,7 @@ import numpy as np
 from bridge._layouts import Layout
 from bridge._rules import RulesArg, as_rules
 from jaxshare.formats import OptimizerState, ParamGroup
-from jaxshare.internal import keypath_to_path, render
+from jaxshare.internal import is_floating, keypath_to_path, render
 from jaxshare.stream import ArrayInfo, TensorSource
 
 if TYPE_CHECKING:
@@ -111,12 +111,72 @@ class TrainingState:
 # -- the source ----------------------------------------------------------------------
 
 
-def read_training(source: Any, rules: RulesArg = None) -> TrainingState:
+def read_training(
+    source: Any,
+    rules: RulesArg = None,
+    *,
+    ties: Mapping[str, str] | Sequence[str] = (),
+    config: Any = None,
+) -> TrainingState:
     """The weights and the optimizer state of ``source``: a ``torch.save`` of
     ``{"model": ..., "optimizer": ...}``, a DeepSpeed folder, a DCP folder, or
-    ``(model_or_state_dict, optimizer_or_its_state_dict)`` in memory."""
+    ``(model_or_state_dict, optimizer_or_its_state_dict)`` in memory; with the
+    ``ties`` (``{alias: canonical}`` or ``"ALIAS=CANONICAL"``) and those ``config``
+    declares, which a DCP folder does not record, each checked by content.
+
+    Raises:
+      ValueError: one line: a weight in no param group that equals a grouped one
+        bit for bit (one Parameter saved under two names: a tie nothing declares;
+        its state would be lost), or as :func:`bridge._declared.declare_ties`.
+    """
     if isinstance(source, TrainingState):
         return source
+    training = _read_training(source, rules)
+    if ties or config is not None:
+        from bridge._declared import declare_ties, parse_tie
+
+        declared = dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
+        params = declare_ties(training.params, declared, config=config, rules=as_rules(rules))
+        training = TrainingState(params, training.optimizer)
+    _refuse_undeclared_ties(training)
+    return training
+
+
+def _refuse_undeclared_ties(training: TrainingState) -> None:
+    """One line where a floating weight in no param group is a grouped weight's copy,
+    bit for bit: the two names of one Parameter (DCP keeps both and records no tie),
+    which untied would train one and freeze the other."""
+    params, state = training.params, training.optimizer
+    grouped = {name for group in state.groups for name in group.names}
+    loose = [
+        name
+        for name, info in params.infos.items()
+        if name not in grouped and name not in params.ties and is_floating(info.dtype)
+    ]
+    if not loose:
+        return
+    by_kind: dict[tuple[tuple[int, ...], str], list[str]] = {}
+    for name in grouped:
+        info = params.infos.get(name)
+        if info is not None:
+            by_kind.setdefault((tuple(info.shape), info.dtype), []).append(name)
+    for name in loose:
+        info = params.infos[name]
+        for other in sorted(by_kind.get((tuple(info.shape), info.dtype), [])):
+            if np.array_equal(
+                np.ascontiguousarray(params.array(name)).reshape(-1).view(np.uint8),
+                np.ascontiguousarray(params.array(other)).reshape(-1).view(np.uint8),
+            ):
+                raise ValueError(
+                    f"{params.where}: {name!r} is in no param group but equals {other!r} bit "
+                    "for bit: one Parameter saved under two names, a tie the input does not "
+                    f"record; declare it (`ties={{{name!r}: {other!r}}}`, --tie "
+                    f"{name}={other}, or the model's config.json) so its state is kept once."
+                )
+
+
+def _read_training(source: Any, rules: RulesArg) -> TrainingState:
+    """:func:`read_training` of the source alone."""
     if isinstance(source, tuple) and len(source) == 2:
         from bridge._optax_torch import training_in_memory  # (torch objects)
 
@@ -669,6 +729,8 @@ def to_optax(
     like: Any = None,
     layout: str | Layout | None = None,
     rules: RulesArg = None,
+    ties: Mapping[str, str] | Sequence[str] = (),
+    config: Any = None,
 ) -> tuple[Tied, Any]:
     """A PyTorch training run's weights and optimizer state as a ``Tied`` and an
     optax state: resume it in JAX.
@@ -696,6 +758,10 @@ def to_optax(
       tx: ``optax.adam``, ``optax.adamw``, ``optax.sgd(momentum=...)``, or a
         chain (``multi_transform``, ``inject_hyperparams``) holding one.
       like, layout, rules: as in :func:`bridge.to_flax`.
+      ties: ties the source does not record (a DCP folder records none), as
+        ``{alias: canonical}`` or ``"ALIAS=CANONICAL"`` strings, in PyTorch names;
+        each is checked by content (``--tie``).
+      config: a ``config.json`` whose model class declares the source's ties.
 
     Returns:
       ``(params, opt_state)``.
@@ -726,7 +792,7 @@ def to_optax(
     from jaxshare import tie
 
     rules = as_rules(rules)
-    training = read_training(source, rules)
+    training = read_training(source, rules, ties=ties, config=config)
     state = training.optimizer
     kind = _kind_of(state)
     step = _step_of(state)
@@ -952,7 +1018,7 @@ def training_report(path: Any) -> Any:
         )
     if not found:
         return None
-    training = read_training(path)
+    training = _read_training(path, None)  # (Metadata only: no tie is checked by content.)
     with training.params as params:
         report = params.report()
     return dataclasses.replace(report, notes=(*report.notes, *describe(training.optimizer)))

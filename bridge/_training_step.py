@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +120,13 @@ def convert_training(
     force: bool = False,
     rules: Rules | None = None,
     layout: str | Layout | None = None,
+    ties: Mapping[str, str] | Sequence[str] = (),
+    config: Any = None,
 ) -> Path:
     """A torch training checkpoint to a CheckpointManager step (``dst`` a directory),
-    or a training run back to a ``.pt`` run file (``dst`` a PyTorch file)."""
+    or a training run back to a ``.pt`` run file (``dst`` a PyTorch file). ``ties``
+    and ``config`` declare the ties a DCP folder does not record (see
+    :func:`bridge.to_optax`)."""
     from jaxshare.formats import TORCH_SUFFIXES
 
     dst = Path(dst)
@@ -131,13 +136,17 @@ def convert_training(
                 f"{dst}: a training run goes back to a PyTorch run file (.pt, .bin, .pth); "
                 "its weights alone convert with `jaxshare convert RUN/<step>/params ...`."
             )
+        if ties or config is not None:
+            raise UsageError(
+                f"{src}: a training run keeps its ties; --tie and --config do not apply."
+            )
         return _to_torch_file(Path(src), dst, force=force)
     if dst.suffix:
         raise UsageError(
             f"{dst}: --optimizer writes a CheckpointManager directory (no suffix), holding "
             f"one step with items {', '.join(ITEMS)}."
         )
-    return _to_step(src, dst, force=force, rules=rules, layout=layout)
+    return _to_step(src, dst, force=force, rules=rules, layout=layout, ties=ties, config=config)
 
 
 def _check_dst(dst: Path, force: bool, inputs: list[Path]) -> None:
@@ -165,7 +174,9 @@ def _swap(tmp: Path, dst: Path) -> None:
         tmp.rename(dst)
 
 
-def _to_step(src: Any, dst: Path, *, force: bool, rules: Any, layout: Any) -> Path:
+def _to_step(
+    src: Any, dst: Path, *, force: bool, rules: Any, layout: Any, ties: Any, config: Any
+) -> Path:
     import orbax.checkpoint as ocp
 
     from bridge._optax import to_optax
@@ -173,7 +184,7 @@ def _to_step(src: Any, dst: Path, *, force: bool, rules: Any, layout: Any) -> Pa
 
     inputs = [Path(src)] if isinstance(src, (str, os.PathLike)) else []
     _check_dst(dst, force, inputs)
-    training = read_training(src, rules)
+    training = read_training(src, rules, ties=ties, config=config)
     state = training.optimizer
     kind, step = _kind_of(state), _step_of(state)
     groups = [(g.names, torch_hyper(kind, g, str(state.path))) for g in state.groups]

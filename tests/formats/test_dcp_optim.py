@@ -168,3 +168,50 @@ def test_a_plain_optimizer_state_dict_saved_by_dcp_is_matched_by_index(tmp_path,
                 assert state.steps[name] == int(tensor) == 1
             else:
                 assert _bits(state.slots[slot].array(name)) == _bits(tensor), (slot, name)
+
+
+def test_to_optax_keeps_the_tie_dcp_does_not_record_once_it_is_declared(run):
+    """DCP keeps both names of the tied Parameter (``out.weight`` = ``emb.weight``) and
+    records no tie: untied, one would train and the other freeze, so ``to_optax``
+    refuses in one line until the tie is declared; declared, it is one leaf with one
+    state, its moments the full state's."""
+    import optax
+
+    import bridge
+
+    folder = run / "optim"
+    _, state = read_dcp_training(folder)
+    tx = bridge.optax_for(state)
+    with pytest.raises(ValueError, match=r"'out.weight' is in no param group but equals"):
+        bridge.to_optax(folder, tx)
+    params, opt_state = bridge.to_optax(folder, tx, ties=["out.weight=emb.weight"])
+    assert dict(params.alias_map) == {"params/out/kernel": "params/emb/kernel"}
+    assert "out" not in params.unique["params"]
+    full = torch.load(run / "full.pt", weights_only=True)["optim"]["state"]
+    adams = [
+        s
+        for s in jax_leaves(opt_state, optax.ScaleByAdamState)
+        if not isinstance(s.mu.unique["params"]["emb"]["kernel"], optax.MaskedNode)
+    ]
+    (adam,) = adams  # (the decay group's: emb, fc and head weights)
+    for name, got in (("emb.weight", adam.mu), ("emb.weight", adam.nu)):
+        slot = "exp_avg" if got is adam.mu else "exp_avg_sq"
+        want = full[name][slot].numpy().T  # (a weight without a layer type: a kernel)
+        assert _bits(got.unique["params"]["emb"]["kernel"]) == _bits(want), slot
+    assert int(adam.count) == 3
+    # The command's way: --optimizer with --tie writes the step with the tie.
+    from jaxshare import checkpoint
+
+    out = run / "resumed"
+    with pytest.raises(ValueError, match="in no param group"):
+        bridge.convert(folder, out, optimizer=True)
+    bridge.convert(folder, out, optimizer=True, ties=["out.weight=emb.weight"])
+    (step,) = [p for p in out.iterdir() if p.name.isdigit()]
+    assert dict(checkpoint.read_alias_map(step / "params")) == dict(params.alias_map)
+
+
+def jax_leaves(tree, kind):
+    import jax
+
+    return [x for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, kind))
+            if isinstance(x, kind)]  # fmt: skip
