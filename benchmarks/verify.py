@@ -1,0 +1,328 @@
+"""``jaxshare verify`` against reading both of its inputs once.
+
+The issue's goals for ``verify``: it streams, peak anonymous memory <= 2 x the
+largest tensor + 400 MB, and time <= 1.2x reading both inputs once. The model is
+Llama-shaped, in Hugging Face names and Linear layouts (``q/k/v/o_proj`` d x d,
+``gate/up/down_proj`` d x inner), ``lm_head`` tied to the embedding (recorded in
+the file's ``jaxshare.alias_map`` metadata), float32 with random values: by
+default width 2048, 6 blocks, inner 5504, vocabulary 32000 (1.47 GB; the largest
+tensor, the embedding, 250 MiB), written by numpy into a temporary directory
+(``--dir``). Set-up, untimed: ``B.safetensors``, a byte copy of the file; ``ckpt``,
+the Orbax item ``jaxshare convert A ckpt`` makes (its kernels transposed, so
+``verify`` reads them whole); ``hf``, a Hugging Face directory (the file
+hard-linked + a Llama ``config.json``); ``out.safetensors``, ``jaxshare convert A
+out.safetensors --manifest``. Cases, each ``jaxshare verify ...`` as a user runs
+it, a fresh process under ``shared/tools/peakmem`` (peak RssAnon + RssShmem of the
+process tree; mapped file pages do not count):
+
+* ``A B``: two ``.safetensors`` files, the same bytes;
+* ``A ckpt``: the file against the item made of it;
+* ``hf ckpt``: the Hugging Face directory against the same item;
+* ``out.safetensors``: one side, against its manifest (every tensor hashed).
+
+The limit of each is reading its inputs once: ``cat`` of every file of both,
+warm (read just before) and cold (pages dropped with ``posix_fadvise(DONTNEED)``
+after a ``sync``). ``verify`` runs warm and cold likewise; ``work`` is
+``bridge.verify`` alone, timed in a fresh process after its imports (warm). Each
+figure is the median over ``--rounds`` (3); the ratios are medians of per-round
+ratios.
+
+Run (about 6 GB of free disk under ``--dir``)::
+
+    python benchmarks/verify.py             # --rounds 3
+    python benchmarks/verify.py --quick     # a small smoke run
+
+Prints a table; a missed goal is reported, and the exit status is 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from stream_convert import PEAKMEM, ROOT
+
+MB = 2**20
+GOAL_TIME = 1.2
+GOAL_OVERHEAD_MB = 400
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+JAXSHARE = [sys.executable, "-m", "jaxshare.cli"]
+
+
+# --- the model ----------------------------------------------------------------------
+
+
+def model_specs(vocab: int, width: int, blocks: int, inner: int) -> list[tuple[str, tuple]]:
+    """``(name, shape)`` of a Llama state dict; the tied ``lm_head.weight`` is not
+    among them (stored once, as the embedding)."""
+    d = width
+    specs: list[tuple[str, tuple]] = [("model.embed_tokens.weight", (vocab, d))]
+    for i in range(blocks):
+        p = f"model.layers.{i}."
+        specs += [(p + "input_layernorm.weight", (d,))]
+        specs += [(p + f"self_attn.{x}_proj.weight", (d, d)) for x in "qkvo"]
+        specs += [(p + "post_attention_layernorm.weight", (d,))]
+        specs += [(p + f"mlp.{x}_proj.weight", (inner, d)) for x in ("gate", "up")]
+        specs += [(p + "mlp.down_proj.weight", (d, inner))]
+    return specs + [("model.norm.weight", (d,))]
+
+
+def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
+    """Writes the model one tensor at a time (random float32, which compresses as
+    little as real weights), the head's tie in the file's metadata."""
+    import numpy as np
+
+    from jaxshare import AliasMap
+    from jaxshare.formats import TensorSpec, write_safetensors
+    from jaxshare.internal import tie_metadata
+
+    rng = np.random.default_rng(0)
+    tie = AliasMap({"lm_head.weight": "model.embed_tokens.weight"})
+    tensors = [TensorSpec(n, s, np.dtype("float32")) for n, s in specs]
+    with write_safetensors(path, tensors, {"format": "pt", **tie_metadata(tie)}) as write:
+        for spec in tensors:
+            write((rng.random(spec.shape, dtype=np.float32) - 0.5,))
+
+
+def llama_config(width: int, blocks: int, vocab: int, inner: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": width,
+        "num_hidden_layers": blocks, "num_attention_heads": width // 64,
+        "num_key_value_heads": width // 64, "intermediate_size": inner, "vocab_size": vocab,
+        "max_position_embeddings": 1024, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "torch_dtype": "float32",
+    }  # fmt: skip
+
+
+def jaxshare(*args: str) -> subprocess.CompletedProcess:
+    run = subprocess.run([*JAXSHARE, *args], capture_output=True, text=True, env=ENV)
+    if run.returncode:
+        raise RuntimeError(f"jaxshare {' '.join(args)} failed:\n{run.stdout}{run.stderr[-3000:]}")
+    return run
+
+
+# --- the limit ----------------------------------------------------------------------
+
+
+def files_of(paths: list[Path]) -> list[Path]:
+    out = []
+    for path in paths:
+        out += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return out
+
+
+def drop_cache(paths: list[Path]) -> None:
+    """Drops the (clean, after a sync) page-cache pages of every file under ``paths``."""
+    os.sync()
+    for p in files_of(paths):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cat(paths: list[Path]) -> float:
+    """Seconds of ``cat`` of every file under ``paths`` (one process) to /dev/null."""
+    start = time.perf_counter()
+    subprocess.run(["cat", *map(str, files_of(paths))], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def prepare(paths: list[Path], state: str) -> None:
+    drop_cache(paths) if state == "cold" else cat(paths)
+
+
+# --- the processes measured ---------------------------------------------------------
+
+
+def child(paths: list[str]) -> None:
+    """``bridge.verify`` alone, timed after its imports; prints ``{"work_s": ...}``."""
+    import bridge
+    from jaxshare.checkpoint import open_source  # noqa: F401 -- an item's reader (Orbax,
+    # TensorStore, JAX), imported lazily: not timed, as the imports are not
+
+    start = time.perf_counter()
+    report = bridge.verify(*paths)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"work_s": seconds, "ok": report.ok}))
+
+
+def verify_cli(paths: list[Path]) -> dict:
+    """``jaxshare verify PATHS`` in a fresh process under peakmem: its figures."""
+    cmd = [*JAXSHARE, "verify", *map(str, paths)]
+    run = subprocess.run(
+        [sys.executable, str(PEAKMEM), "--json", "--", *cmd],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=False,
+    )
+    stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not stats or not run.stdout.startswith("equal: "):
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
+    return stats[-1]
+
+
+def verify_work(paths: list[Path]) -> float:
+    cmd = [sys.executable, __file__, "--child", *map(str, paths)]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=False)
+    out = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not out or not out[-1]["ok"]:
+        raise RuntimeError(f"bridge.verify{tuple(map(str, paths))} failed:\n{run.stderr[-3000:]}")
+    return out[-1]["work_s"]
+
+
+def sha256_seconds(path: Path) -> float:
+    """Seconds of SHA-256 of the file's bytes, mapped (what a manifest check hashes)."""
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        start = time.perf_counter()
+        hashlib.sha256(mapped).hexdigest()
+        return time.perf_counter() - start
+
+
+def measure(paths: list[Path]) -> dict:
+    """One round of a case: the limit and ``verify``, warm and cold."""
+    row = {}
+    for state in ("warm", "cold"):
+        prepare(paths, state)
+        row[f"cat_{state}"] = cat(paths)
+        prepare(paths, state)
+        stats = verify_cli(paths)
+        row[f"time_{state}"] = stats["wall_s"]
+        row[f"peak_{state}"] = stats["peak_anon_mb"]
+    prepare(paths, "warm")
+    row["work_warm"] = verify_work(paths)
+    return row
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--inner", type=int, default=5504)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the temporary files go")
+    ap.add_argument("--quick", action="store_true", help="a small model, one round")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child)
+    if args.quick:
+        args.vocab, args.width, args.blocks, args.inner, args.rounds = 5000, 256, 2, 688, 1
+    specs = model_specs(args.vocab, args.width, args.blocks, args.inner)
+    sizes = [4 * math.prod(s) for _, s in specs]
+    largest, total = max(sizes), sum(sizes)
+    goal_mb = 2 * largest / MB + GOAL_OVERHEAD_MB
+    root = Path(tempfile.mkdtemp(prefix="verify_", dir=args.dir))
+    free = shutil.disk_usage(root).free
+    if free < 4.5 * total:
+        raise SystemExit(f"{root}: {free / 1e9:.1f} GB free, the run needs {4.5 * total / 1e9:.1f}")
+    try:
+        names = ("A.safetensors", "B.safetensors", "ckpt", "hf", "out.safetensors")
+        a, b, item, hf, out = (root / n for n in names)
+        write_model(a, specs)
+        shutil.copyfile(a, b)
+        jaxshare("convert", str(a), str(item), "--quiet")
+        hf.mkdir()
+        os.link(a, hf / "model.safetensors")
+        config = llama_config(args.width, args.blocks, args.vocab, args.inner)
+        (hf / "config.json").write_text(json.dumps(config))
+        jaxshare("convert", str(a), str(out), "--quiet", "--manifest")
+        cases = {
+            "verify A B (safetensors, same bytes)": [a, b],
+            "verify A ckpt (Orbax item of A)": [a, item],
+            "verify hf ckpt (HF directory, item)": [hf, item],
+            "verify out.safetensors (manifest)": [out],
+        }
+        loads = [os.getloadavg()]
+        rows: dict[str, list[dict]] = {case: [] for case in cases}
+        for _ in range(args.rounds):
+            for case, paths in cases.items():
+                rows[case].append(measure(paths))
+                print(f"  {case}: {rows[case][-1]}", flush=True)
+            loads.append(os.getloadavg())
+        prepare([out], "warm")
+        hashed = min(sha256_seconds(out) for _ in range(2))
+        sizes_in = {case: sum(p.stat().st_size for p in files_of(ps)) for case, ps in cases.items()}
+        report(args, rows, sizes_in, largest, total, goal_mb, loads)
+        print(
+            f"For the manifest: hashlib.sha256 of out.safetensors's {out.stat().st_size / MB:.0f} "
+            f"MiB (mapped, warm, one thread) took {hashed:.2f} s."
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(
+    args: argparse.Namespace,
+    rows: dict[str, list[dict]],
+    sizes_in: dict[str, int],
+    largest: int,
+    total: int,
+    goal_mb: float,
+    loads: list[tuple[float, float, float]],
+) -> None:
+    med = statistics.median
+    n = len(model_specs(1, 1, args.blocks, 1))
+    print(
+        f"\nModel: Llama-shaped, width {args.width}, {args.blocks} blocks, inner {args.inner}, "
+        f"vocabulary {args.vocab}, float32: {total / MB:.0f} MiB in {n} tensors, largest "
+        f"{largest / MB:.0f} MiB; {args.rounds} round(s)."
+    )
+    print(
+        f"Goals: peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
+        f"time <= {GOAL_TIME:.1f}x reading both inputs once (cat). Load average (1 min) "
+        "during the run: " + ", ".join(f"{la[0]:.1f}" for la in loads) + f" on "
+        f"{os.cpu_count()} CPUs.\n"
+    )
+    head = (
+        f"{'case':38} {'MiB in':>6} {'peak MiB':>8} {'cat warm':>8} {'time warm':>9} "
+        f"{'x':>6} {'work warm':>9} {'x':>6} {'cat cold':>8} {'time cold':>9} {'x':>6}  verdict"
+    )
+    print(head)
+    print("-" * len(head))
+    for case, runs in rows.items():
+        peak = max(r[f"peak_{s}"] for r in runs for s in ("warm", "cold"))
+        x_time_warm = med(r["time_warm"] / r["cat_warm"] for r in runs)
+        x_work_warm = med(r["work_warm"] / r["cat_warm"] for r in runs)
+        x_time_cold = med(r["time_cold"] / r["cat_cold"] for r in runs)
+        misses = []
+        if peak > goal_mb:
+            misses.append(f"memory MISSED by {peak - goal_mb:.0f} MiB")
+        for what, x in (("time warm", x_time_warm), ("work warm", x_work_warm),
+                        ("time cold", x_time_cold)):  # fmt: skip
+            if x > GOAL_TIME:
+                misses.append(f"{what} MISSED")
+        print(
+            f"{case:38} {sizes_in[case] / MB:6.0f} {peak:8.0f} "
+            f"{med(r['cat_warm'] for r in runs):8.2f} {med(r['time_warm'] for r in runs):9.2f} "
+            f"{x_time_warm:6.2f} {med(r['work_warm'] for r in runs):9.2f} {x_work_warm:6.2f} "
+            f"{med(r['cat_cold'] for r in runs):8.2f} {med(r['time_cold'] for r in runs):9.2f} "
+            f"{x_time_cold:6.2f}  {'; '.join(misses) or 'met'}"
+        )
+    print(
+        "\npeak: the highest over rounds, warm and cold (peakmem, 10 ms samples); seconds: "
+        "medians over rounds; time: the whole `jaxshare verify` process (start-up and "
+        "imports included); work: `bridge.verify` alone, after imports; x: medians of "
+        "per-round ratios to `cat` of the same files, warm or cold."
+    )
+
+
+if __name__ == "__main__":
+    main()
