@@ -74,18 +74,22 @@ import time
 import zlib
 from pathlib import Path
 
-from stream_convert import GOAL_OVERHEAD_MB, MB, ROOT, model_arguments, run_measured
+from stream_convert import (
+    GOAL_OVERHEAD_MB,
+    MB,
+    ROOT,
+    SIDES,
+    model_arguments,
+    ratio,
+    remove,
+    run_measured,
+    venv_python,
+)
 
-SIDES = ("ours", "peer", "limit")
 OPS = {"read": "DCP folder -> .safetensors", "write": ".safetensors -> DCP folder"}
 GOALS = {"read": 0.5, "write": 1.0}  # ours / peer time, for the call and the process
 WORLD = 2
 SEED = 20261203
-
-
-def _venv_python(name: str) -> str:
-    path = ROOT / name / "bin" / "python"
-    return str(path) if path.exists() else sys.executable
 
 
 # --- the model ------------------------------------------------------------
@@ -314,18 +318,11 @@ def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) 
     return [args.peer_python, __file__, "--child", op, str(src), str(dst), *extra]
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
 def measure(cmd: list[str], dst: Path, env: dict) -> dict | None:
     """Runs ``cmd`` in a fresh process under peakmem; its figures and the seconds it
     printed, or None if it failed."""
     run, stats = run_measured(cmd, dst, env)
-    _remove(dst.with_name(dst.name + ".tmp.pt"))  # the read peer's torch.save file
+    remove(dst.with_name(dst.name + ".tmp.pt"))  # the read peer's torch.save file
     work = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0 or stats is None or not work:
         print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
@@ -341,8 +338,8 @@ def main() -> None:
     ap = model_arguments(__doc__)
     ap.set_defaults(vocab=32000, width=2048, blocks=16)
     ap.add_argument("--mlp", type=int, default=5504, help="the MLP's width")
-    ap.add_argument("--ours-python", default=_venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=_venv_python(".venv-bench"), help="runs the peers")
+    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
+    ap.add_argument("--peer-python", default=venv_python(".venv-bench"), help="runs the peers")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -397,11 +394,11 @@ def main() -> None:
                     if r == 0 and side != "limit":
                         kept[side] = dst
                     else:
-                        _remove(dst)
+                        remove(dst)
                 if r == 0:  # (checked and removed before the next conversion: less disk)
                     checks[op] = run_check(args, op, model, kept, env)
                     for dst in kept.values():
-                        _remove(dst)
+                        remove(dst)
             loads.append(os.getloadavg())
         report(args, results, largest, sizes[largest], total, goal_mb, loads, checks)
     finally:
@@ -416,11 +413,6 @@ def run_check(args, op: str, model: Path, kept: dict[str, Path], env: dict) -> d
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return found[-1] if run.returncode == 0 and found else f"failed: {run.stderr[-2000:]}"
-
-
-def _ratio(runs: dict[str, list], rounds: list[int], a: str, b: str, key: str, key_b=None):
-    """The median over ``rounds`` of side ``a``'s ``key`` over side ``b``'s ``key_b``."""
-    return statistics.median(runs[a][i][key] / runs[b][i][key_b or key] for i in rounds)
 
 
 PARTS = {
@@ -471,8 +463,8 @@ def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
             mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
             line += f"{mem:13.0f} {wall:7.2f} {med(x['work_s'] for x in ok):7.2f}"
             if side == "ours" and rounds:
-                vs_peer = _ratio(runs, rounds, "ours", "peer", "wall_s")
-                work = _ratio(runs, rounds, "ours", "peer", "work_s")
+                vs_peer = ratio(runs, rounds, "ours", "peer", "wall_s")
+                work = ratio(runs, rounds, "ours", "peer", "work_s")
                 misses = []
                 if op == "read" and mem > goal_mb:
                     misses.append(f"memory MISSED by {mem - goal_mb:.0f} MiB")
@@ -482,7 +474,7 @@ def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
                     misses.append(f"work MISSED by {work - GOALS[op]:.2f}")
                 line += (
                     f"  {vs_peer:14.2f} {work:14.2f} "
-                    f"{_ratio(runs, rounds, 'ours', 'limit', 'wall_s'):15.2f}  "
+                    f"{ratio(runs, rounds, 'ours', 'limit', 'wall_s'):15.2f}  "
                     + ("; ".join(misses) or "met")
                 )
             elif side == "ours":
@@ -496,9 +488,9 @@ def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
         )
         note = f"{name}: the peer's call = {parts}"
         if op == "write":
-            alone = _ratio(runs, rounds, "ours", "peer", "work_s", "dcp_save_s")
+            alone = ratio(runs, rounds, "ours", "peer", "work_s", "dcp_save_s")
             note += f"; ours' work / dcp.save alone {alone:.2f}"
-        peak = _ratio(runs, rounds, "ours", "peer", "peak_anon_mb")
+        peak = ratio(runs, rounds, "ours", "peer", "peak_anon_mb")
         note += f"; peak anon ours/peer {peak:.2f}"
         if len(rounds) > 1:
             note += "; per round, ours peak anon " + ", ".join(

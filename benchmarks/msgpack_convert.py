@@ -58,7 +58,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,18 +68,16 @@ from stream_convert import (
     GOAL_TIME,
     MB,
     ROOT,
+    SIDES,
+    measure_command,
     model_arguments,
     model_specs,
-    run_measured,
+    print_sides,
+    remove,
+    venv_python,
 )
 
-SIDES = ("ours", "peer", "limit")
 OPS = {"orbax": "msgpack -> Orbax item", "hf": "msgpack -> HF directory"}
-
-
-def _venv_python(name: str) -> str:
-    path = ROOT / name / "bin" / "python"
-    return str(path) if path.exists() else sys.executable
 
 
 # --- the model ------------------------------------------------------------
@@ -229,31 +226,14 @@ def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) 
     return [python, __file__, "--child", "limit" if side == "limit" else op, str(src), str(dst)]
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-def measure(cmd: list[str], dst: Path, env: dict) -> dict | None:
-    """Runs ``cmd`` in a fresh process under peakmem; its figures, or None if it failed."""
-    run, stats = run_measured(cmd, dst, env)
-    if run.returncode != 0 or stats is None:
-        print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
-        print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-        return None
-    return stats
-
-
 # --- the run ----------------------------------------------------------------
 
 
 def main() -> None:
     ap = model_arguments(__doc__)
     ap.add_argument("--heads", type=int, default=12, help="n_head, a divisor of the width")
-    ap.add_argument("--ours-python", default=_venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=_venv_python(".venv-bench"), help="runs the peers")
+    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
+    ap.add_argument("--peer-python", default=venv_python(".venv-bench"), help="runs the peers")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -287,15 +267,17 @@ def main() -> None:
                 order = SIDES[r % 3 :] + SIDES[: r % 3]
                 for side in order:
                     dst = root / f"{side}_{op}_{outputs['limit' if side == 'limit' else op]}"
-                    results[op][side].append(measure(command(op, side, model, dst, args), dst, env))
+                    results[op][side].append(
+                        measure_command(command(op, side, model, dst, args), dst, env)
+                    )
                     if r == 0 and side != "limit":
                         kept[f"{side}_{op}"] = dst
                     else:
-                        _remove(dst)
+                        remove(dst)
             if r == 0:
                 check = run_check(args, model, kept, env)
                 for dst in kept.values():
-                    _remove(dst)
+                    remove(dst)
             loads.append(os.getloadavg())
         report(args, results, largest, total, file_mb, goal_mb, loads, check)
     finally:
@@ -313,13 +295,7 @@ def run_check(args, model: Path, kept: dict[str, Path], env: dict) -> dict | str
     return found[-1] if run.returncode == 0 and found else f"failed: {run.stderr[-2000:]}"
 
 
-def _ratio(runs: dict[str, list], rounds: list[int], a: str, b: str, key: str) -> float:
-    """The median over ``rounds`` of side ``a``'s ``key`` over side ``b``'s."""
-    return statistics.median(runs[a][i][key] / runs[b][i][key] for i in rounds)
-
-
 def report(args, results, largest, total, file_mb, goal_mb, loads, check) -> None:
-    med = statistics.median
     print(
         f"\nModel: width {args.width}, {args.blocks} blocks, vocabulary {args.vocab}, float32: "
         f"{total / MB:.0f} MiB in {len(flax_specs(1, 1, args.blocks, 1))} leaves, largest "
@@ -340,50 +316,7 @@ def report(args, results, largest, total, file_mb, goal_mb, loads, check) -> Non
         )
     else:
         print(f"Check of round 1's outputs: {check}.")
-    head = (
-        f"\n{'conversion':24} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
-        f"  {'ours/peer':>9} {'ours/limit':>10} {'peak ours/peer':>14}  verdict"
-    )
-    print(head)
-    print("-" * len(head))
-    per_round = []
-    for op, name in OPS.items():
-        runs = results[op]
-        rounds = [i for i in range(args.rounds) if all(runs[s][i] for s in SIDES)]
-        for side in SIDES:
-            ok = [x for x in runs[side] if x]
-            line = f"{name if side == 'ours' else '':24} {side:5} "
-            if not ok:
-                print(line + f"{'FAILED':>13}")
-                continue
-            mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
-            line += f"{mem:13.0f} {wall:7.2f}"
-            if side == "ours" and rounds:
-                vs_peer = _ratio(runs, rounds, "ours", "peer", "wall_s")
-                misses = []
-                if mem > goal_mb:
-                    misses.append(f"memory MISSED by {mem - goal_mb:.0f} MiB")
-                if vs_peer > GOAL_TIME:
-                    misses.append(f"time MISSED by {vs_peer - GOAL_TIME:.2f}")
-                line += (
-                    f"  {vs_peer:9.2f} {_ratio(runs, rounds, 'ours', 'limit', 'wall_s'):10.2f} "
-                    f"{_ratio(runs, rounds, 'ours', 'peer', 'peak_anon_mb'):14.2f}  "
-                    + ("; ".join(misses) or "met")
-                )
-            elif side == "ours":
-                line += "  no round with every side: no ratios, goals not judged"
-            print(line)
-        if len(rounds) > 1:
-            ours, peer = runs["ours"], runs["peer"]
-            peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
-            times = ", ".join(f"{ours[i]['wall_s'] / peer[i]['wall_s']:.2f}" for i in rounds)
-            per_round.append(f"{name}: ours peak anon {peaks} MiB; time ours/peer {times}")
-    print(
-        "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
-        "ratios: medians of per-round ratios (rounds where every side ran)."
-    )
-    for line in per_round:
-        print("Per round, " + line + ".")
+    print_sides(results, OPS, dict.fromkeys(OPS, goal_mb), GOAL_TIME, 24)
 
 
 if __name__ == "__main__":

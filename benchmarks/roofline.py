@@ -60,7 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stream_convert import ROOT
+from stream_convert import ROOT, remove
 
 GB = 1e9
 GOAL_PLAIN, GOAL_TRANSPOSED = 1.25, 1.5
@@ -275,13 +275,6 @@ def convert(args: list[str]) -> float:
     if run.returncode:
         raise RuntimeError(f"jaxshare convert {' '.join(args)} failed:\n{run.stderr[-3000:]}")
     return seconds
-
-
-def remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
 
 
 def transposed_bytes(src: Path, names: str | None, to_flax: bool) -> int:

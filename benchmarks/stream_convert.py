@@ -68,6 +68,8 @@ PEAKMEM = (
     / "peakmem"
 )
 MB = 2**20
+#: The sides of a comparison: jaxshare, the tool a user would otherwise run, the machine.
+SIDES = ("ours", "peer", "limit")
 GOAL_TIME = 1.0
 GOAL_OVERHEAD_MB = 400
 
@@ -138,7 +140,8 @@ def write_plans(model: Path, ckpt: Path, out: Path) -> None:
 # --- the processes measured ------------------------------------------------
 
 
-def _nest(flat: dict) -> dict:
+def nest(flat: dict) -> dict:
+    """A flat ``{'a/b': value}`` as a nested dict."""
     tree: dict = {}
     for path, value in flat.items():
         node = tree
@@ -149,11 +152,12 @@ def _nest(flat: dict) -> dict:
     return tree
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested dict as a flat ``{'a/b': value}``."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}/"))
+            out.update(flatten(value, f"{prefix}{key}/"))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -183,11 +187,11 @@ def child(op: str, side: str, src: str, dst: str, plans: str) -> None:
         for name, (path, transposed) in layout["to_flax"].items():
             tree[path] = flat.pop(name).T if transposed else flat.pop(name)
         checkpointer = ocp.StandardCheckpointer()
-        checkpointer.save(Path(dst).absolute(), _nest(tree))
+        checkpointer.save(Path(dst).absolute(), nest(tree))
         checkpointer.wait_until_finished()
     else:
         restored = ocp.StandardCheckpointer().restore(Path(src).absolute())
-        flat = {k: np.asarray(v) for k, v in _flatten(restored).items()}
+        flat = {k: np.asarray(v) for k, v in flatten(restored).items()}
         out = {}
         if op == "flax":
             out = flat
@@ -219,6 +223,93 @@ def run_measured(
     )
     stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
     return run, (stats[-1] if stats else None)
+
+
+def venv_python(name: str) -> str:
+    """The python of the venv ``name`` of this checkout, else this one."""
+    path = ROOT / name / "bin" / "python"
+    return str(path) if path.exists() else sys.executable
+
+
+def remove(path: Path) -> None:
+    """Removes a file or a folder, if there is one."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def measure_command(cmd: list[str], dst: Path, env: dict) -> dict | None:
+    """Runs ``cmd`` in a fresh process under peakmem; its figures, or None if it failed."""
+    run, stats = run_measured(cmd, dst, env)
+    if run.returncode != 0 or stats is None:
+        print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
+        print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
+        return None
+    return stats
+
+
+def ratio(
+    runs: dict[str, list], rounds: list[int], a: str, b: str, key: str, key_b: str | None = None
+) -> float:
+    """The median over ``rounds`` of side ``a``'s ``key`` over side ``b``'s ``key_b``
+    (default: ``key``)."""
+    return statistics.median(runs[a][i][key] / runs[b][i][key_b or key] for i in rounds)
+
+
+def print_sides(
+    results: dict, names: dict[str, str], memory_goals: dict[str, float], time_goal: float,
+    width: int,
+) -> None:  # fmt: skip
+    """The table of ours, the peer and the limit for each conversion of ``names``
+    (``results[conversion][side]``: per round, peakmem's figures or ``None``), with
+    verdicts against ``memory_goals[conversion]`` (MiB) and ``time_goal`` (ours/peer),
+    then each conversion's figures per round."""
+    med = statistics.median
+    head = (
+        f"\n{'conversion':{width}} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
+        f"  {'ours/peer':>9} {'ours/limit':>10} {'peak ours/peer':>14}  verdict"
+    )
+    print(head)
+    print("-" * len(head))
+    per_round = []
+    for key, name in names.items():
+        runs = results[key]
+        rounds = [i for i in range(len(runs["ours"])) if all(runs[s][i] for s in SIDES)]
+        for side in SIDES:
+            ok = [x for x in runs[side] if x]
+            line = f"{name if side == 'ours' else '':{width}} {side:5} "
+            if not ok:
+                print(line + f"{'FAILED':>13}")
+                continue
+            mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
+            line += f"{mem:13.0f} {wall:7.2f}"
+            if side == "ours" and rounds:
+                vs_peer = ratio(runs, rounds, "ours", "peer", "wall_s")
+                misses = []
+                if mem > memory_goals[key]:
+                    misses.append(f"memory MISSED by {mem - memory_goals[key]:.0f} MiB")
+                if vs_peer > time_goal:
+                    misses.append(f"time MISSED by {vs_peer - time_goal:.2f}")
+                line += (
+                    f"  {vs_peer:9.2f} {ratio(runs, rounds, 'ours', 'limit', 'wall_s'):10.2f} "
+                    f"{ratio(runs, rounds, 'ours', 'peer', 'peak_anon_mb'):14.2f}  "
+                    + ("; ".join(misses) or "met")
+                )
+            elif side == "ours":
+                line += "  no round with every side: no ratios, goals not judged"
+            print(line)
+        if len(rounds) > 1:
+            ours, peer = runs["ours"], runs["peer"]
+            peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
+            times = ", ".join(f"{ours[i]['wall_s'] / peer[i]['wall_s']:.2f}" for i in rounds)
+            per_round.append(f"{name}: ours peak anon {peaks} MiB; time ours/peer {times}")
+    print(
+        "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
+        "ratios: medians of per-round ratios (rounds where every side ran)."
+    )
+    for line in per_round:
+        print("Per round, " + line + ".")
 
 
 def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:

@@ -64,7 +64,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,11 +74,16 @@ from stream_convert import (
     GOAL_TIME,
     MB,
     ROOT,
+    SIDES,
+    flatten,
+    measure_command,
     model_arguments,
-    run_measured,
+    nest,
+    print_sides,
+    remove,
+    venv_python,
 )
 
-SIDES = ("ours", "peer", "limit")
 ITEMS = {"jaxshare": "jaxshare's item -> HF dir", "plain": "plain Orbax item -> HF dir"}
 STACK = "model.layers"
 LAYER_SPECS = (  # per-layer tensors, (out, in) as torch.nn.Linear holds them
@@ -93,11 +97,6 @@ LAYER_SPECS = (  # per-layer tensors, (out, in) as torch.nn.Linear holds them
     ("input_layernorm.weight", lambda a: (a.width,)),
     ("post_attention_layernorm.weight", lambda a: (a.width,)),
 )
-
-
-def _venv_python(name: str) -> str:
-    path = ROOT / name / "bin" / "python"
-    return str(path) if path.exists() else sys.executable
 
 
 # --- the model ------------------------------------------------------------
@@ -162,27 +161,6 @@ def hf_names(path: str, shape: tuple, stack: str = STACK) -> list[tuple[str, int
     return [(".".join([*module, name]), None, transposed)]
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _nest(flat: dict) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        *parents, last = path.split("/")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return tree
-
-
 # --- the processes: set-up, peer, limit, check ------------------------------
 
 
@@ -232,7 +210,7 @@ def plain_item(model: str, ours_item: str, plain: str) -> None:
     import orbax.checkpoint as ocp
     from safetensors import safe_open
 
-    restored = _flatten(ocp.StandardCheckpointer().restore(Path(ours_item).absolute()))
+    restored = flatten(ocp.StandardCheckpointer().restore(Path(ours_item).absolute()))
     problems, tree = [], {}
     with safe_open(Path(model) / "model.safetensors", "np") as f:
         known = set(f.keys())
@@ -254,7 +232,7 @@ def plain_item(model: str, ours_item: str, plain: str) -> None:
     problems += [f"not in jaxshare's item: {sorted(known)[:5]}"] if known else []
     del restored
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(Path(plain).absolute(), _nest(tree))
+    checkpointer.save(Path(plain).absolute(), nest(tree))
     checkpointer.wait_until_finished()
     stacked = [p for p in tree if hf_names(p, tree[p].shape)[0][1] is not None]
     largest = max(stacked or tree, key=lambda p: tree[p].nbytes)
@@ -293,7 +271,7 @@ def peer(item: str, dst: str, config: str) -> None:
     from safetensors.numpy import save_file
 
     restored = ocp.StandardCheckpointer().restore(Path(item).absolute())
-    flat = _flatten(restored)
+    flat = flatten(restored)
     del restored
     out = {}
     for path in sorted(flat):
@@ -367,23 +345,6 @@ def command(item: str, side: str, src: Path, dst: Path, model: Path, args) -> li
     return [sys.executable, __file__, "--child", "limit", str(model), str(dst)]
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-def measure(cmd: list[str], dst: Path, env: dict) -> dict | None:
-    """Runs ``cmd`` in a fresh process under peakmem; its figures, or None if it failed."""
-    run, stats = run_measured(cmd, dst, env)
-    if run.returncode != 0 or stats is None:
-        print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
-        print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-        return None
-    return stats
-
-
 def _json_child(cmd: list[str], env: dict) -> dict | str:
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -415,8 +376,8 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=5504, help="the MLP's width")
     ap.add_argument("--heads", type=int, default=16, help="attention heads")
     ap.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
-    ap.add_argument("--ours-python", default=_venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=_venv_python(".venv"), help="runs the peer")
+    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
+    ap.add_argument("--peer-python", default=venv_python(".venv"), help="runs the peer")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -492,17 +453,17 @@ def main() -> None:
                 for side in order:
                     dst = root / (f"{side}_{item}_hf" if side != "limit" else "copy.safetensors")
                     cmd = command(item, side, items[item], dst, model, args)
-                    results[item][side].append(measure(cmd, dst, env))
+                    results[item][side].append(measure_command(cmd, dst, env))
                     if r == 0 and side != "limit" and dst.exists():
                         kept.append(dst)
                     else:
-                        _remove(dst)
+                        remove(dst)
                 if r == 0:
                     check = [args.peer_python, __file__, "--child", "verify", str(model)]
                     checks[item] = _json_child([*check, *map(str, kept)], env)
                     checks[item] = checks[item] if len(kept) == 2 else "not run: a side failed"
                     for dst in kept:
-                        _remove(dst)
+                        remove(dst)
             loads.append(os.getloadavg())
         report(args, results, goals, loads, checks)
         if _sources() != sources:
@@ -524,13 +485,7 @@ def describe_items(model: Path, items: dict[str, Path], setup: dict) -> None:
     )
 
 
-def _ratio(runs: dict[str, list], rounds: list[int], a: str, b: str, key: str) -> float:
-    """The median over ``rounds`` of side ``a``'s ``key`` over side ``b``'s."""
-    return statistics.median(runs[a][i][key] / runs[b][i][key] for i in rounds)
-
-
 def report(args, results, goals, loads, checks) -> None:
-    med = statistics.median
     print(
         f"Goals: ours peak anon <= 2 x largest per-layer slice + {GOAL_OVERHEAD_MB} MiB = "
         f"{goals['jaxshare']:.0f} MiB from jaxshare's item, <= largest stacked array + "
@@ -553,50 +508,7 @@ def report(args, results, goals, loads, checks) -> None:
             )
         else:
             print(f"Check of round 1, {name}: {check}.")
-    head = (
-        f"\n{'conversion':27} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
-        f"  {'ours/peer':>9} {'ours/limit':>10} {'peak ours/peer':>14}  verdict"
-    )
-    print(head)
-    print("-" * len(head))
-    per_round = []
-    for item, name in ITEMS.items():
-        runs = results[item]
-        rounds = [i for i in range(len(runs["ours"])) if all(runs[s][i] for s in SIDES)]
-        for side in SIDES:
-            ok = [x for x in runs[side] if x]
-            line = f"{name if side == 'ours' else '':27} {side:5} "
-            if not ok:
-                print(line + f"{'FAILED':>13}")
-                continue
-            mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
-            line += f"{mem:13.0f} {wall:7.2f}"
-            if side == "ours" and rounds:
-                vs_peer = _ratio(runs, rounds, "ours", "peer", "wall_s")
-                misses = []
-                if mem > goals[item]:
-                    misses.append(f"memory MISSED by {mem - goals[item]:.0f} MiB")
-                if vs_peer > GOAL_TIME:
-                    misses.append(f"time MISSED by {vs_peer - GOAL_TIME:.2f}")
-                line += (
-                    f"  {vs_peer:9.2f} {_ratio(runs, rounds, 'ours', 'limit', 'wall_s'):10.2f} "
-                    f"{_ratio(runs, rounds, 'ours', 'peer', 'peak_anon_mb'):14.2f}  "
-                    + ("; ".join(misses) or "met")
-                )
-            elif side == "ours":
-                line += "  no round with every side: no ratios, goals not judged"
-            print(line)
-        if len(rounds) > 1:
-            ours, peer_runs = runs["ours"], runs["peer"]
-            peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
-            times = ", ".join(f"{ours[i]['wall_s'] / peer_runs[i]['wall_s']:.2f}" for i in rounds)
-            per_round.append(f"{name}: ours peak anon {peaks} MiB; time ours/peer {times}")
-    print(
-        "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
-        "ratios: medians of per-round ratios (rounds where every side ran)."
-    )
-    for line in per_round:
-        print("Per round, " + line + ".")
+    print_sides(results, ITEMS, goals, GOAL_TIME, 27)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from roofline import drop_cache, llama_config, model_specs, write_model
+from roofline import files_of as path_files
 from stream_convert import PEAKMEM, ROOT
 
 MB = 2**20
@@ -58,51 +60,6 @@ GOAL_TIME = 1.2
 GOAL_OVERHEAD_MB = 400
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 JAXSHARE = [sys.executable, "-m", "jaxshare.cli"]
-
-
-# --- the model ----------------------------------------------------------------------
-
-
-def model_specs(vocab: int, width: int, blocks: int, inner: int) -> list[tuple[str, tuple]]:
-    """``(name, shape)`` of a Llama state dict; the tied ``lm_head.weight`` is not
-    among them (stored once, as the embedding)."""
-    d = width
-    specs: list[tuple[str, tuple]] = [("model.embed_tokens.weight", (vocab, d))]
-    for i in range(blocks):
-        p = f"model.layers.{i}."
-        specs += [(p + "input_layernorm.weight", (d,))]
-        specs += [(p + f"self_attn.{x}_proj.weight", (d, d)) for x in "qkvo"]
-        specs += [(p + "post_attention_layernorm.weight", (d,))]
-        specs += [(p + f"mlp.{x}_proj.weight", (inner, d)) for x in ("gate", "up")]
-        specs += [(p + "mlp.down_proj.weight", (d, inner))]
-    return specs + [("model.norm.weight", (d,))]
-
-
-def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
-    """Writes the model one tensor at a time (random float32, which compresses as
-    little as real weights), the head's tie in the file's metadata."""
-    import numpy as np
-
-    from jaxshare import AliasMap
-    from jaxshare.formats import TensorSpec, write_safetensors
-    from jaxshare.internal import tie_metadata
-
-    rng = np.random.default_rng(0)
-    tie = AliasMap({"lm_head.weight": "model.embed_tokens.weight"})
-    tensors = [TensorSpec(n, s, np.dtype("float32")) for n, s in specs]
-    with write_safetensors(path, tensors, {"format": "pt", **tie_metadata(tie)}) as write:
-        for spec in tensors:
-            write((rng.random(spec.shape, dtype=np.float32) - 0.5,))
-
-
-def llama_config(width: int, blocks: int, vocab: int, inner: int) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": width,
-        "num_hidden_layers": blocks, "num_attention_heads": width // 64,
-        "num_key_value_heads": width // 64, "intermediate_size": inner, "vocab_size": vocab,
-        "max_position_embeddings": 1024, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
-        "hidden_act": "silu", "torch_dtype": "float32",
-    }  # fmt: skip
 
 
 def jaxshare(*args: str) -> subprocess.CompletedProcess:
@@ -116,21 +73,8 @@ def jaxshare(*args: str) -> subprocess.CompletedProcess:
 
 
 def files_of(paths: list[Path]) -> list[Path]:
-    out = []
-    for path in paths:
-        out += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return out
-
-
-def drop_cache(paths: list[Path]) -> None:
-    """Drops the (clean, after a sync) page-cache pages of every file under ``paths``."""
-    os.sync()
-    for p in files_of(paths):
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Every file under each of ``paths``."""
+    return [file for path in paths for file in path_files(path)]
 
 
 def cat(paths: list[Path]) -> float:
@@ -141,7 +85,11 @@ def cat(paths: list[Path]) -> float:
 
 
 def prepare(paths: list[Path], state: str) -> None:
-    drop_cache(paths) if state == "cold" else cat(paths)
+    if state == "cold":
+        for path in paths:
+            drop_cache(path)
+    else:
+        cat(paths)
 
 
 # --- the processes measured ---------------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge._declared import declare_ties, parse_tie
+from bridge._declared import declare_ties, tie_map
 from bridge._layouts import Layout, as_layout
 from bridge._maxtext import maxtext_view
 from bridge._open import opened
@@ -196,7 +196,7 @@ def convert(
             "--config for the ties of a DCP input)."
         )
     try:
-        declared = dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
+        declared = tie_map(ties)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if names is not None and (names not in NAMES or fmt != "safetensors"):

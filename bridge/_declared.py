@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from jaxshare import AliasMap
 from jaxshare.formats import CONFIG_FILE
 from jaxshare.stream import TensorSource
 
-__all__ = ["DeclaredTies", "declare_ties", "parse_tie"]
+__all__ = ["DeclaredTies", "declare_ties", "parse_tie", "same_bytes", "tie_map"]
 
 
 def parse_tie(text: str) -> tuple[str, str]:
@@ -47,6 +47,16 @@ def parse_tie(text: str) -> tuple[str, str]:
             f"model.embed_tokens.weight), got {text!r}."
         )
     return alias, canonical
+
+
+def tie_map(ties: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+    """``{alias: canonical}`` of ties given as a mapping or as ``"ALIAS=CANONICAL"``
+    strings (``--tie``).
+
+    >>> tie_map(["lm_head.weight=wte.weight"])
+    {'lm_head.weight': 'wte.weight'}
+    """
+    return dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
 
 
 class DeclaredTies(TensorSource):
@@ -153,6 +163,13 @@ def declare_ties(
     )
 
 
+def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two arrays of one shape and dtype hold the same bytes (a NaN equals
+    itself, ``-0.0`` is not ``0.0``): what makes two stored names one tensor."""
+    bits_x, bits_y = (np.ascontiguousarray(v).reshape(-1).view(np.uint8) for v in (x, y))
+    return bool(np.array_equal(bits_x, bits_y))
+
+
 def _check(source: TensorSource, alias: str, canonical: str, origin: str) -> None:
     """One line unless ``alias`` can be ``canonical``'s tensor."""
     where = f"{source.where}: {origin} ties {alias!r} to {canonical!r}"
@@ -166,8 +183,7 @@ def _check(source: TensorSource, alias: str, canonical: str, origin: str) -> Non
             f"{where}, but they differ: {a.shape} {a.dtype} against {c.shape} {c.dtype}."
         )
     x, y = source.array(alias), source.array(canonical)
-    bits_x, bits_y = (np.ascontiguousarray(v).reshape(-1).view(np.uint8) for v in (x, y))
-    if not np.array_equal(bits_x, bits_y):
+    if not same_bytes(x, y):
         delta = np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))
         raise ValueError(
             f"{where}, but their values differ (max |Δ| = {delta:.3g}); they are not one "

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bridge._declared import declare_ties, same_bytes, tie_map
 from bridge._layouts import Layout
 from bridge._rules import RulesArg, as_rules
 from jaxshare.formats import OptimizerState, ParamGroup
@@ -133,9 +134,7 @@ def read_training(
         return source
     training = _read_training(source, rules)
     if ties or config is not None:
-        from bridge._declared import declare_ties, parse_tie
-
-        declared = dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
+        declared = tie_map(ties)
         params = declare_ties(training.params, declared, config=config, rules=as_rules(rules))
         training = TrainingState(params, training.optimizer)
     _refuse_undeclared_ties(training)
@@ -163,10 +162,7 @@ def _refuse_undeclared_ties(training: TrainingState) -> None:
     for name in loose:
         info = params.infos[name]
         for other in sorted(by_kind.get((tuple(info.shape), info.dtype), [])):
-            if np.array_equal(
-                np.ascontiguousarray(params.array(name)).reshape(-1).view(np.uint8),
-                np.ascontiguousarray(params.array(other)).reshape(-1).view(np.uint8),
-            ):
+            if same_bytes(params.array(name), params.array(other)):
                 raise ValueError(
                     f"{params.where}: {name!r} is in no param group but equals {other!r} bit "
                     "for bit: one Parameter saved under two names, a tie the input does not "

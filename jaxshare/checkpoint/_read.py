@@ -64,20 +64,15 @@ class LeafReader:
     def read(self, path: str) -> np.ndarray:
         """The whole array at ``path``, copied chunk by chunk into one new array."""
         store = self._open(path)
-        out = _empty(store.shape, np.dtype(store.dtype.numpy_dtype))
-        chunk = self._one_chunk(path, store)
-        if chunk is not None:
-            chunk.decode_into(out.reshape(-1).view(np.uint8))
-        else:
-            ts.array(out, copy=False, write=True).write(store).result()
-        return out
+        return _whole(store, self._one_chunk(path, store))
 
     def read_slice(self, path: str, index: tuple[slice, ...]) -> np.ndarray:
         """``read(path)[index]``, reading only the chunks the slice covers (an
         array stored as one chunk is decoded whole, once)."""
         store = self._open(path)
-        if self._one_chunk(path, store) is not None:
-            return np.array(self.read(path)[index])
+        chunk = self._one_chunk(path, store)
+        if chunk is not None:
+            return np.array(_whole(store, chunk)[index])
         return np.asarray(store[index].read().result())
 
     def chunk_shape(self, path: str) -> tuple[int, ...] | None:
@@ -96,7 +91,7 @@ class LeafReader:
             if perm is None or tuple(perm) == tuple(range(store.ndim)):
                 yield from chunk.blocks(store.shape, np.dtype(store.dtype.numpy_dtype))
             else:  # Decoded whole, once, then transposed block by block.
-                whole = self.read(path).transpose(perm)
+                whole = _whole(store, chunk).transpose(perm)
                 for start, stop in _row_ranges(whole.shape, whole.dtype):
                     yield np.ascontiguousarray(whole[start:stop])
             return
@@ -132,6 +127,17 @@ class LeafReader:
             store = ts.open(spec, read=True, context=self._context).result()
         dtype = cast_to(np.dtype(store.dtype.numpy_dtype), self._dtype)
         return store if dtype == store.dtype.numpy_dtype else ts.cast(store, dtype)
+
+
+def _whole(store: ts.TensorStore, chunk: _OneChunk | None) -> np.ndarray:
+    """The whole array of ``store`` in one new array: decoded as a stream from its
+    one ``chunk``, else copied chunk by chunk by TensorStore."""
+    out = _empty(store.shape, np.dtype(store.dtype.numpy_dtype))
+    if chunk is not None:
+        chunk.decode_into(out.reshape(-1).view(np.uint8))
+    else:
+        ts.array(out, copy=False, write=True).write(store).result()
+    return out
 
 
 def _row_ranges(shape: tuple[int, ...], dtype: np.dtype) -> Iterator[tuple[int, int]]:
