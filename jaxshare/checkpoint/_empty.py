@@ -13,12 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxshare._edit import DROP, edit_paths
-from jaxshare._leafkey import is_array
+from jaxshare._dtype import numpy_dtype
 from jaxshare._paths import flatten_with_paths, render
 from jaxshare._report import ArrayInfo
 
@@ -47,6 +44,9 @@ class EmptyArray:
         value = np.zeros(self.shape, self.dtype)
         if isinstance(like, np.ndarray) or (like is None and self.type == "numpy"):
             return value
+        import jax
+        import jax.numpy as jnp
+
         sharding = getattr(like, "sharding", None)
         return jnp.asarray(value) if sharding is None else jax.device_put(value, sharding)
 
@@ -59,6 +59,9 @@ def split_empty(tree: Any, /) -> tuple[Any, dict[str, EmptyArray]]:
     >>> sorted(rest), empty["b"].to_json()
     (['w'], {'shape': [0, 3], 'dtype': 'float64', 'type': 'numpy'})
     """
+    from jaxshare._edit import DROP, edit_paths
+    from jaxshare._leafkey import is_array
+
     empty = {
         render(path): EmptyArray(
             tuple(leaf.shape),
@@ -89,7 +92,7 @@ def parse_record(record: Any, where: str) -> dict[str, EmptyArray]:
                 raise ValueError(f"shape {shape} is not zero-size")
             if entry["type"] not in _TYPES:
                 raise ValueError(f"'type' must be one of {_TYPES}, got {entry['type']!r}")
-            out[path] = EmptyArray(tuple(shape), jnp.dtype(entry["dtype"]), entry["type"])
+            out[path] = EmptyArray(tuple(shape), numpy_dtype(entry["dtype"]), entry["type"])
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: empty array {path!r}: {e}.") from None
     return out

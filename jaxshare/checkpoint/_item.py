@@ -1,24 +1,30 @@
 """What a stored item holds, read without reading its arrays.
 
-:func:`open_item` reads the alias map file and Orbax's metadata of the unique
-tree, and checks that the two agree -- every canonical is stored, no alias is,
-every transform fits its canonical -- before anything is restored, so a
-corrupt or hostile alias map fails with the item's path and never yields a
-half-tied tree.
+:func:`open_item` reads the alias map file and the metadata of the unique tree,
+and checks that the two agree -- every canonical is stored, no alias is, every
+transform fits its canonical -- before anything is restored, so a corrupt or
+hostile alias map fails with the item's path and never yields a half-tied tree.
+
+Outside Orbax's handler protocol, the tree's metadata is read as Orbax itself
+reads it, without importing Orbax or JAX (a second of start-up each): the
+``_METADATA`` file gives the leaves, their Orbax names and value types, and
+each array's shape and dtype come from its TensorStore metadata, every array
+opened at once from the spec :func:`array_spec` builds, the one Orbax's
+``get_json_tspec_read`` builds for a local directory (the tests hold both to
+Orbax's own). Inside the protocol (a handler given) Orbax's handler reads it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
-from orbax.checkpoint import metadata as ocp_metadata
 
 from jaxshare._alias import MAX_JSON_BYTES, AliasMap
+from jaxshare._json import loads
 from jaxshare._naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
 from jaxshare._naming import NamingRecord
 from jaxshare._paths import flatten_with_paths, render
@@ -31,9 +37,33 @@ from jaxshare.formats import (
     ORBAX_METADATA_FILE,
 )
 
-__all__ = ["ItemDir", "StoredItem", "open_item", "read_alias_map_file", "sample"]
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
+    import tensorstore as ts
+    from etils import epath
 
-ItemDir: TypeAlias = Path | epath.Path
+__all__ = [
+    "ItemDir",
+    "StoredItem",
+    "array_spec",
+    "is_ocdbt",
+    "open_item",
+    "read_alias_map_file",
+    "read_context",
+    "sample",
+]
+
+ItemDir: TypeAlias = "Path | epath.Path"
+
+#: The largest ``_METADATA`` file read (Orbax's metadata of a large tree is a few MB).
+MAX_METADATA_BYTES = 256 * 2**20
+#: The value types Orbax stores as TensorStore arrays.
+_ARRAY_TYPES = frozenset({"jax.Array", "np.ndarray", "scalar"})
+#: The value types of empty nodes (no leaf in the flattened tree).
+_EMPTY_TYPES = frozenset({"None", "Dict", "List", "Tuple", "NamedTuple"})
+# Orbax's context caches OCDBT B-tree nodes up to 100 MB; reading each array
+# once needs little of that, and a long read would keep it all resident.
+_OCDBT_CONTEXT = {"cache_pool#ocdbt": {"total_bytes_limit": 8 * 2**20}}
 
 _FIX = (
     "Fix: restore this file from the checkpoint's source, or delete it to read the "
@@ -52,7 +82,9 @@ class StoredItem:
         included, sorted by path.
       empty: the zero-size arrays, which are not in the Orbax PyTree.
       other: paths of stored leaves that are not arrays (e.g. strings).
-      metadata: Orbax's ``TreeMetadata`` of the stored tree.
+      names: ``{path: Orbax's name}`` of every stored array but the empty ones:
+        the key of its TensorStore array (:func:`array_spec`).
+      use_zarr3: whether the arrays are zarr v3 (else v2).
     """
 
     directory: ItemDir
@@ -60,7 +92,8 @@ class StoredItem:
     stored: dict[str, ArrayInfo]
     empty: dict[str, EmptyArray]
     other: tuple[str, ...]
-    metadata: Any
+    names: dict[str, str]
+    use_zarr3: bool
 
 
 def _read_limited(path: Any, limit: int, what: str) -> bytes | None:
@@ -106,13 +139,14 @@ def open_item(
 ) -> StoredItem:
     """Reads and checks what the item directory ``item_dir`` holds.
 
-    ``item_dir`` is a ``pathlib.Path`` (see :func:`find_item`) or, inside Orbax's
-    handler protocol, an ``etils.epath.Path``.
+    ``item_dir`` is a ``pathlib.Path`` (see :func:`find_item`), read without Orbax,
+    or, inside Orbax's handler protocol, an ``etils.epath.Path`` that ``handler``
+    reads.
 
     Raises:
       FileNotFoundError: no Orbax checkpoint in ``item_dir``.
-      ValueError: the alias map is invalid or does not fit the stored tree; every
-        problem is listed, under the alias map file's path.
+      ValueError: the metadata is unreadable, or the alias map is invalid or does
+        not fit the stored tree; every problem is listed, under the file's path.
     """
     alias_map = read_alias_map_file(item_dir)
     if not (item_dir / ORBAX_METADATA_FILE).exists():
@@ -120,27 +154,145 @@ def open_item(
             f"{item_dir}: no Orbax checkpoint ({ORBAX_METADATA_FILE} is missing): the "
             "save did not finish, or files were removed. Restore from another step."
         )
-    reader = handler or ocp.StandardCheckpointHandler()
-    try:
-        meta = reader.metadata(item_dir)
-    finally:
-        if handler is None:
-            reader.close()
-    stored: dict[str, ArrayInfo] = {}
-    other: list[str] = []
+    if handler is None:
+        stored, other, names, use_zarr3, custom = _read_metadata(Path(item_dir))
+    else:
+        stored, other, names, use_zarr3, custom = _orbax_metadata(item_dir, handler)
     empty: dict[str, EmptyArray] = {}
-    for path, leaf in flatten_with_paths(meta.tree):
-        if isinstance(leaf, ocp_metadata.ArrayMetadata):
-            stored[render(path)] = ArrayInfo(tuple(leaf.shape), np.dtype(leaf.dtype).name)
-        else:
-            other.append(render(path))
-    custom = meta.custom_metadata or {}
     if EMPTY_ARRAYS_KEY in custom:
         empty = parse_record(custom[EMPTY_ARRAYS_KEY], str(item_dir / ORBAX_METADATA_FILE))
     stored.update((p, e.info) for p, e in empty.items())
-    item = StoredItem(item_dir, alias_map, dict(sorted(stored.items())), empty, tuple(other), meta)
+    item = StoredItem(
+        item_dir,
+        alias_map,
+        dict(sorted(stored.items())),
+        empty,
+        tuple(other),
+        names,
+        use_zarr3,
+    )
     _check_fits(item)
     return item
+
+
+_Metadata: TypeAlias = tuple[dict[str, ArrayInfo], list[str], dict[str, str], bool, dict]
+
+
+def _orbax_metadata(item_dir: ItemDir, handler: ocp.StandardCheckpointHandler) -> _Metadata:
+    """The stored tree's metadata as Orbax's ``handler`` reads it."""
+    from orbax.checkpoint import metadata as ocp_metadata
+
+    meta = handler.metadata(item_dir)
+    stored: dict[str, ArrayInfo] = {}
+    other: list[str] = []
+    names: dict[str, str] = {}
+    for path, leaf in flatten_with_paths(meta.tree):
+        if isinstance(leaf, ocp_metadata.ArrayMetadata):
+            stored[render(path)] = ArrayInfo(tuple(leaf.shape), np.dtype(leaf.dtype).name)
+            names[render(path)] = leaf.name
+        else:
+            other.append(render(path))
+    return stored, other, names, bool(meta.use_zarr3), dict(meta.custom_metadata or {})
+
+
+def _read_metadata(item_dir: Path) -> _Metadata:
+    """The stored tree's metadata, read without Orbax: the leaves from
+    ``_METADATA``, each array's shape and dtype from its TensorStore metadata."""
+    import tensorstore as ts
+
+    file = item_dir / ORBAX_METADATA_FILE
+    data = _read_limited(file, MAX_METADATA_BYTES, "Orbax's metadata")
+    try:
+        doc = loads(data or b"", what="Orbax's metadata")
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    try:
+        leaves = [
+            (
+                tuple(str(k["key"]) for k in entry["key_metadata"]),
+                str(entry["value_metadata"]["value_type"]),
+            )
+            for entry in doc["tree_metadata"].values()
+        ]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{file}: expected Orbax's tree metadata (an object with 'tree_metadata', each "
+            f"leaf with 'key_metadata' and 'value_metadata'); found no {e} where expected."
+        ) from None
+    use_zarr3 = bool(doc.get("use_zarr3", False))
+    use_ocdbt = is_ocdbt(item_dir)
+    context = read_context(use_ocdbt)
+    names: dict[str, str] = {}
+    other: list[str] = []
+    for keys, kind in leaves:
+        path = render(keys)
+        if kind in _ARRAY_TYPES:
+            names[path] = ".".join(keys)
+        elif kind not in _EMPTY_TYPES:
+            other.append(path)
+    opening = {
+        path: ts.open(array_spec(item_dir, name, use_zarr3, use_ocdbt), open=True, context=context)
+        for path, name in names.items()
+    }
+    stored: dict[str, ArrayInfo] = {}
+    for path, future in opening.items():
+        try:
+            store = future.result()
+        except ValueError as e:
+            raise ValueError(
+                f"{item_dir}: the array {path!r} ({names[path]!r} in {ORBAX_METADATA_FILE}) "
+                f"cannot be opened: {e}"
+            ) from None
+        stored[path] = ArrayInfo(tuple(store.shape), np.dtype(store.dtype.numpy_dtype).name)
+    return stored, other, names, use_zarr3, dict(doc.get("custom_metadata") or {})
+
+
+def is_ocdbt(item_dir: ItemDir) -> bool:
+    """Whether the item stores its arrays in OCDBT (Orbax's default): its manifest
+    is there (Orbax's ``is_ocdbt_checkpoint``)."""
+    return (item_dir / "manifest.ocdbt").exists()
+
+
+def read_context(use_ocdbt: bool) -> ts.Context:
+    """The TensorStore context the specs of :func:`array_spec` are opened in (OCDBT's
+    B-tree cache kept small)."""
+    import tensorstore as ts
+
+    return ts.Context(_OCDBT_CONTEXT if use_ocdbt else {})
+
+
+def array_spec(
+    item_dir: str | os.PathLike, name: str, use_zarr3: bool, use_ocdbt: bool
+) -> dict[str, Any]:
+    """The TensorStore spec that reads the array Orbax stored as ``name`` in the
+    local item directory ``item_dir``: the one Orbax's ``get_json_tspec_read``
+    builds (``tests/checkpoint/test_item_metadata.py`` holds the two equal).
+
+    >>> array_spec("/ckpt", "params.w", False, False)["kvstore"]
+    {'driver': 'file', 'path': '/ckpt/params.w'}
+    """
+    directory = os.fspath(item_dir).rstrip("/")
+    if use_ocdbt:
+        kvstore: dict[str, Any] = {
+            "driver": "ocdbt",
+            "base": {
+                "driver": "file",
+                "path": directory + "/",
+                "file_io_locking": {"mode": "non_atomic"},
+            },
+            "manifest": {"driver": "file", "path": directory + "/"},
+            "path": name,
+            "cache_pool": "cache_pool#ocdbt",
+        }
+    else:
+        kvstore = {"driver": "file", "path": f"{directory}/{name}"}
+    return {
+        "driver": "zarr3" if use_zarr3 else "zarr",
+        "kvstore": kvstore,
+        "recheck_cached_data": False,
+        "recheck_cached_metadata": False,
+        "fill_missing_data_reads": False,
+    }
 
 
 def _check_fits(item: StoredItem) -> None:

@@ -1,10 +1,11 @@
 """Reading the stored arrays of an item one at a time, as numpy arrays.
 
 Each array is opened with TensorStore, from the spec Orbax itself reads it with
-(``ocp.type_handlers.get_json_tspec_read``), so nothing but the array asked
-for is read. :meth:`LeafReader.read` fills one array; :meth:`LeafReader.blocks`
-streams an array (or its transpose) in blocks of about :data:`BLOCK_BYTES`,
-so writing a file never holds even one whole array. ``save`` stores arrays in
+(:func:`~jaxshare.checkpoint._item.array_spec`), so nothing but the array asked
+for is read, and neither Orbax nor JAX is imported. :meth:`LeafReader.read`
+fills one array; :meth:`LeafReader.blocks` streams an array (or its
+transpose) in blocks of about :data:`BLOCK_BYTES`, so writing a file never
+holds even one whole array. ``save`` stores arrays in
 chunks of at most :data:`CHUNK_BYTES`, which keeps a block's read that small.
 
 Plain Orbax stores an array of one process as one chunk: the whole array,
@@ -24,15 +25,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import orbax.checkpoint as ocp
 import tensorstore as ts
 import zstandard
-from etils import epath
 
 from jaxshare._dtype import cast_to
-from jaxshare._paths import flatten_with_paths, render
 from jaxshare._perm import Perm
-from jaxshare.checkpoint._item import StoredItem
+from jaxshare.checkpoint._item import StoredItem, array_spec, is_ocdbt, read_context
 
 __all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader"]
 
@@ -43,9 +41,6 @@ BLOCK_BYTES = 16 * 2**20
 _MMAP_BYTES = 2**20
 #: The stored bytes of a one-chunk array are read in ranges of this size.
 _RANGE_BYTES = 4 * 2**20
-# Orbax's context caches OCDBT B-tree nodes up to 100 MB; reading each array
-# once needs little of that, and a long read would keep it all resident.
-_CONTEXT = {"cache_pool#ocdbt": {"total_bytes_limit": 8 * 2**20}}
 
 
 class LeafReader:
@@ -54,12 +49,8 @@ class LeafReader:
     def __init__(self, item: StoredItem, *, dtype: np.dtype | None = None) -> None:
         self._item = item
         self._dtype = dtype
-        self._directory = epath.Path(item.directory)
-        tree = item.metadata.tree
-        self._names = {render(p): leaf.name for p, leaf in flatten_with_paths(tree)}
-        self._use_zarr3 = item.metadata.use_zarr3
-        self._use_ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(self._directory)
-        self._context = ts.Context(_CONTEXT if self._use_ocdbt else {})
+        self._use_ocdbt = is_ocdbt(item.directory)
+        self._context = read_context(self._use_ocdbt)
 
     def read(self, path: str) -> np.ndarray:
         """The whole array at ``path``, copied chunk by chunk into one new array."""
@@ -116,14 +107,8 @@ class LeafReader:
             empty = self._item.empty[path]
             store = ts.array(np.zeros(empty.shape, empty.dtype))
         else:
-            info = ocp.type_handlers.ParamInfo(
-                name=self._names[path],
-                parent_dir=self._directory,
-                use_zarr3=self._use_zarr3,
-                is_ocdbt_checkpoint=self._use_ocdbt,
-                ts_context=self._context,
-            )
-            spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=self._use_ocdbt)
+            item = self._item
+            spec = array_spec(item.directory, item.names[path], item.use_zarr3, self._use_ocdbt)
             store = ts.open(spec, read=True, context=self._context).result()
         dtype = cast_to(np.dtype(store.dtype.numpy_dtype), self._dtype)
         return store if dtype == store.dtype.numpy_dtype else ts.cast(store, dtype)

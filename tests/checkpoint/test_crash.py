@@ -30,7 +30,9 @@ CHILD = textwrap.dedent(
     root = pathlib.Path(sys.argv[1])
 
     def stall(directory, text):
-        (root / "stalled").write_text(str(directory))
+        # Written under a temp name and renamed, so the parent never reads it half-written.
+        (root / "stalled.tmp").write_text(str(directory))
+        (root / "stalled.tmp").rename(root / "stalled")
         time.sleep(600)
 
     with ocp.CheckpointManager(root / "ckpt") as manager:
