@@ -26,6 +26,9 @@ Orbax -> HF directory          the item written by HF directory -> Orbax (it car
 DeepSpeed -> safetensors       a ZeRO-0 folder (``mp_rank_00_model_states.pt``, by torch)
 PyTorch file -> Orbax          ``torch.save`` of the state dict
 DCP -> Orbax                   the DCP folder ``jaxshare convert --format dcp`` writes
+safetensors -> Orbax, raw      the model file, ``--compression none`` (chunks not zstd'd)
+Orbax raw -> safetensors,      the item written by the route above, ``--names torch``
+torch
 =============================  =============================================
 
 A route's **limit** is the slowest stage a perfect pipeline cannot avoid: the max
@@ -314,7 +317,17 @@ ROUTES = {
         ["--tie", "lm_head.weight=model.embed_tokens.weight"],
         "flax",
     ),
+    # The same item routes with the chunks stored raw: zstd's CPU out of the way.
+    "safetensors -> Orbax, raw": ("model", "ckpt_raw", ["--compression", "none"], "flax"),
+    "Orbax raw -> safetensors, torch": (
+        "ckpt_raw",
+        "out.safetensors",
+        ["--names", "torch"],
+        "torch",
+    ),
 }
+#: The items later routes read, kept until then.
+KEPT = ("ckpt", "ckpt_hf", "ckpt_raw")
 
 
 def main() -> None:
@@ -391,15 +404,15 @@ def main() -> None:
                              os.getloadavg()[0]))  # fmt: skip
                 print(format_row(rows[-1]), flush=True)
             # Keep the items later routes read; remove everything else.
-            if out in ("ckpt", "ckpt_hf"):
+            if out in KEPT:
                 inputs[out] = dst
             else:
                 remove(dst)
-            if made is not None and kind not in ("ckpt", "ckpt_hf"):
+            if made is not None and kind not in KEPT:
                 remove(made)
                 inputs.pop(kind)
-            if kind == "ckpt_hf":
-                remove(inputs.pop("ckpt_hf"))
+            if kind in ("ckpt_hf", "ckpt_raw"):
+                remove(inputs.pop(kind))
         print(f"\ncast to bf16 (not on these routes; for --dtype): {c_bw / GB:.2f} GB/s. "
               f"Goals: <= {GOAL_PLAIN}x the limit without transposes, <= {GOAL_TRANSPOSED}x "
               "with them. time: the whole `jaxshare convert` process.")  # fmt: skip

@@ -94,6 +94,7 @@ def convert(
     ties: Mapping[str, str] | Sequence[str] = (),
     manifest: bool = False,
     optimizer: bool = False,
+    compression: str = "zstd",
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -141,6 +142,10 @@ def convert(
         ``opt_state`` and ``optimizer`` (see ``docs/training-state.md``). A training
         run converted to a ``.pt`` file goes back to torch with its optimizer state,
         with or without it.
+      compression: how an Orbax item output stores its chunks (``--compression``):
+        ``"zstd"`` (Orbax's default) or ``"none"``, which writes at the disk's
+        speed where zstd costs more CPU than the write (see
+        :func:`jaxshare.checkpoint.write_item`).
 
     Returns:
       ``dst`` as a ``Path``.
@@ -169,7 +174,8 @@ def convert(
     if optimizer or (is_training_run(src) and dst.suffix in TORCH_SUFFIXES):
         given = {"--dtype": dtype, "--names": names,
                  "--max-shard-size": max_shard_size, "--stack": stack, "--manifest": manifest,
-                 "--format": format not in (None, "orbax", "torch")}  # fmt: skip
+                 "--format": format not in (None, "orbax", "torch"),
+                 "--compression": compression != "zstd"}  # fmt: skip
         extra = [option for option, value in given.items() if value]
         if extra:
             raise UsageError(
@@ -189,6 +195,10 @@ def convert(
         raise UsageError(
             f"--manifest is written into Orbax items, .safetensors files and Hugging Face "
             f"directories, not a {fmt} output; convert to one of those to verify it alone."
+        )
+    if compression != "zstd" and fmt != "orbax":
+        raise UsageError(
+            f"--compression is how an Orbax item stores its chunks, not a {fmt} output's."
         )
     if fmt != "hf" and hf_options:
         raise UsageError(
@@ -255,7 +265,14 @@ def convert(
             from jaxshare import checkpoint
 
             checkpoint.write_item(
-                dst, plan, reads, force=force, inputs=inputs, progress=progress, manifest=manifest
+                dst,
+                plan,
+                reads,
+                force=force,
+                inputs=inputs,
+                progress=progress,
+                manifest=manifest,
+                compression=compression,
             )
         elif fmt == "safetensors":
             save_plan(

@@ -25,7 +25,10 @@ from jaxshare.checkpoint._stream import StreamedItem
 from jaxshare.formats import find_item
 from jaxshare.internal import ITEM
 
-__all__ = ["read_alias_map", "restore", "save", "write_item"]
+__all__ = ["COMPRESSIONS", "read_alias_map", "restore", "save", "write_item"]
+
+#: How :func:`write_item` may store an item's chunks.
+COMPRESSIONS = ("zstd", "none")
 
 
 def save(
@@ -155,6 +158,7 @@ def write_item(
     progress: ProgressFn | None = None,
     assets: Mapping[str, str | os.PathLike | bytes] | None = None,
     manifest: bool = False,
+    compression: str = "zstd",
 ) -> None:
     """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
     with the plan's alias map (and naming record), streaming; ``assets`` as for
@@ -162,6 +166,13 @@ def write_item(
     ``config.json`` and tokenizer files). With ``manifest``, each array is hashed
     as it is written and the hashes are committed with the item
     (``jaxshare_manifest.json``, see :func:`bridge.verify`).
+
+    ``compression`` is how the chunks are stored: ``"zstd"`` (Orbax's default,
+    level 1) or ``"none"``. Weights compress little (random-like float32 by about
+    8%) and zstd costs far more CPU than the disk's write of the same bytes
+    (``benchmarks/README.md``: on two cores, an item of 1 GB takes about twice as
+    long to write compressed), so ``"none"`` is the one that runs at the disk's
+    speed; Orbax and TensorStore read both.
 
     The model is never held: each array is read (cast and transposed as the plan
     says) while the ones before it are written, so memory holds about two of
@@ -185,7 +196,12 @@ def write_item(
     >>> restore(d + "/ckpt")["w"].tolist()
     [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
-    item = StreamedItem(plan, source, progress, manifest)
+    if compression not in COMPRESSIONS:
+        raise ValueError(
+            f"`compression` must be one of {', '.join(map(repr, COMPRESSIONS))}, "
+            f"got {compression!r}."
+        )
+    item = StreamedItem(plan, source, progress, manifest, compression)
     save(
         directory,
         item,

@@ -93,12 +93,15 @@ class StreamedItem:
       source: where they are read from.
       progress: called after each array is written (from Orbax's writing thread).
       manifest: hash each array as it is written, for :meth:`manifest`.
+      compression: ``"zstd"`` (Orbax's default, level 1) or ``"none"``: how the
+        arrays' chunks are stored.
     """
 
     plan: Plan
     source: TensorSource
     progress: ProgressFn | None = None
     manifest: bool = False
+    compression: str = "zstd"
     _hashes: dict[str, str | None] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _done: int = field(default=0, repr=False)
@@ -130,7 +133,9 @@ class StreamedItem:
             # records write shapes, which restores do without).
             (jax.Array, ocp.type_handlers.ArrayHandler(array_metadata_store=None)),
         )
-        return ocp.PyTreeCheckpointHandler(type_handler_registry=registry, **kwargs)
+        return ocp.PyTreeCheckpointHandler(
+            type_handler_registry=registry, use_compression=self.compression == "zstd", **kwargs
+        )
 
     def manifest_json(self) -> str:
         """The :class:`jaxshare.internal.Manifest` of the arrays written, as JSON (a

@@ -58,6 +58,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             progress=progress,
             manifest=args.manifest,
             optimizer=args.optimizer,
+            compression=args.compression,
         )
     print(f"wrote {args.dst}")
     return 0
@@ -182,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--manifest",
         action="store_true",
         help="record every tensor's hash in the output, for `jaxshare verify DST` alone",
+    )
+    p.add_argument(
+        "--compression",
+        choices=["zstd", "none"],
+        default="zstd",
+        help="how an Orbax item output stores its chunks: zstd (Orbax's default) or none, "
+        "which writes at the disk's speed (default: zstd)",
     )
     p.add_argument(
         "--optimizer",
