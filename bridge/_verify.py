@@ -21,14 +21,19 @@ tensor is read. Then, name by name:
   line says so); an alias a side stores beside its tie (written out) must be
   its canonical's bytes.
 
-Tensors are read block by block, both sides in step, each stored tensor once
-(the canonical of a tie and the tensors the ties compare again), so memory
-holds about one tensor per side at most (a transposed read makes its tensor
-whole), never the model.
+What to compare is settled from the headers first; then the tensors are read
+ahead of the comparisons on two background threads (a
+:class:`~jaxshare.stream.ReadAhead`, one read per side of each comparison, so
+the two sides are read at once and the next tensors while one pair is
+compared), each stored tensor once (the canonical of a tie and the tensors the
+ties compare again). The bytes held are bounded: the pair compared plus
+:data:`_AHEAD` read ahead (a view of a mapped file costs nothing, a transposed
+read its tensor twice while it is made), never the model.
 
 :func:`verify` with one input checks it against the manifest jaxshare wrote
 into it (``convert(..., manifest=True)``): every stored tensor's shape, dtype
-and SHA-256, computed as it was written.
+and SHA-256, computed as it was written; tensors are hashed on a few threads
+at once (hashlib lets go of the GIL), each block by block.
 
 Every finding is one :class:`VerifyFinding`; the :class:`VerifyReport` holds
 them and renders one line each. Nothing here imports torch.
@@ -39,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +65,6 @@ from jaxshare.formats import (
 from jaxshare.internal import (
     Manifest,
     Perm,
-    TensorHash,
     UsageError,
     cast_to,
     compose,
@@ -69,14 +73,18 @@ from jaxshare.internal import (
     inverse,
     numpy_dtype,
     parallel_map,
+    tensor_digest,
     unstacked,
 )
-from jaxshare.stream import ArrayInfo, TensorSource
+from jaxshare.stream import ArrayInfo, ReadAhead, TensorSource
 
 __all__ = ["VerifyFinding", "VerifyReport", "verify"]
 
 #: Elements compared at a time: bounds the temporaries of a cast and a comparison.
 _CHUNK = 1 << 22
+
+#: Bytes read ahead of the pair of tensors being compared (beside that pair).
+_AHEAD = 1 << 28
 
 #: Finding kinds that are information, not differences.
 _INFO_KINDS = frozenset({"copy", "unhashed"})
@@ -235,10 +243,10 @@ class _View:
         return self.source.infos[stored].permuted(perm)
 
     def blocks(self, name: str, perm: Perm | None = None) -> Iterator[np.ndarray]:
-        """The tensor ``name`` transposed by ``perm``, in C order, block by block."""
+        """The tensor ``name`` transposed by ``perm``, in C order, block by block
+        (safe beside other reads of the source, on other threads)."""
         stored, own = self.names[name]
         perm = compose(perm, own)
-        self.read += self.source.infos[stored].nbytes
         if perm is None:
             yield from self.source.blocks(stored)
             return
@@ -247,6 +255,16 @@ class _View:
             yield from blocks
             return
         yield contiguous_transpose(self.source.array(stored), perm)
+
+    def cost(self, name: str, perm: Perm | None = None) -> int:
+        """The most bytes reading :meth:`blocks` holds, until its blocks are dropped:
+        none for views of a mapped source's memory; a transposed tensor, once more
+        while its source array is copied."""
+        stored, own = self.names[name]
+        nbytes, mapped = self.source.infos[stored].nbytes, self.source.mapped
+        if compose(perm, own) is None:
+            return 0 if mapped else nbytes
+        return nbytes if mapped else 2 * nbytes
 
     def root(self, name: str) -> tuple[str, Perm | None]:
         """The stored tensor ``name`` is, and the transform from it."""
@@ -379,6 +397,69 @@ def _compare(
     return diff
 
 
+@dataclass(frozen=True)
+class _Read:
+    """One tensor a comparison reads: ``name`` of ``view``, transposed by ``perm``."""
+
+    view: _View
+    name: str
+    perm: Perm | None = None
+
+    def blocks(self) -> tuple[np.ndarray, ...]:
+        return tuple(self.view.blocks(self.name, self.perm))
+
+
+@dataclass(frozen=True)
+class _Check:
+    """Two tensors to compare, and the findings their difference makes.
+
+    Attributes:
+      x, y: the tensors, of one shape.
+      cast: the dtype ``x`` is cast to first, if any.
+      by_value: compare the values as float64 (two dtypes), not the bytes.
+      findings: the findings of the difference found.
+    """
+
+    x: _Read
+    y: _Read
+    cast: np.dtype | None
+    by_value: bool
+    findings: Callable[[_Diff], list[VerifyFinding]]
+
+
+#: What a name's comparison is, before any tensor is read: findings already
+#: settled (from the headers), and checks whose tensors are to be compared.
+_Step = VerifyFinding | _Check
+
+
+def _resolved(steps: Sequence[_Step]) -> list[VerifyFinding]:
+    """Every finding of ``steps``, in order: each check's once its tensors are
+    compared. The tensors are read ahead on two threads, a read per side of each
+    check in turn, holding at most the costliest pair plus :data:`_AHEAD` bytes;
+    an error in a read is raised here, as it was raised."""
+    checks = [step for step in steps if isinstance(step, _Check)]
+    reads = [read for check in checks for read in (check.x, check.y)]
+    jobs = [(read.view.cost(read.name, read.perm), read.blocks) for read in reads]
+    pairs = (jobs[i][0] + jobs[i + 1][0] for i in range(0, len(jobs), 2))
+    budget = max(pairs, default=0) + _AHEAD  # A pair always fits beside nothing else.
+    findings: list[VerifyFinding] = []
+    with ReadAhead(jobs, budget, workers=2) as ahead:
+        held = ahead.held()
+        for step in steps:
+            if isinstance(step, VerifyFinding):
+                findings.append(step)
+                continue
+            (i, xs), (j, ys) = next(held), next(held)
+            for read in (step.x, step.y):
+                read.view.read += read.view.info(read.name).nbytes
+            diff = _compare(xs, ys, step.cast, step.by_value)
+            del xs, ys
+            ahead.release(i)
+            ahead.release(j)
+            findings += step.findings(diff)
+    return findings
+
+
 # --- verify ----------------------------------------------------------------------
 
 
@@ -438,7 +519,8 @@ def verify(
         return _against_manifest(a, limit)
     with opened(a, arg="a") as source_a, opened(b, arg="b") as source_b:
         view_a, view_b, naming = _views(source_a, source_b)
-        findings, compared = _differences(view_a, view_b, cast)
+        steps, compared = _differences(view_a, view_b, cast)
+        findings = _resolved(steps)
         return VerifyReport(
             source_a.where,
             source_b.where,
@@ -451,8 +533,9 @@ def verify(
         )
 
 
-def _differences(a: _View, b: _View, cast: np.dtype | None) -> tuple[list[VerifyFinding], int]:
-    findings: list[VerifyFinding] = []
+def _differences(a: _View, b: _View, cast: np.dtype | None) -> tuple[list[_Step], int]:
+    """What comparing ``a`` and ``b`` is, name by name, and how many names both have."""
+    findings: list[_Step] = []
     names_a, names_b = a.every_name(), b.every_name()
     in_a, in_b = set(names_a), set(names_b)
     compared = 0
@@ -475,10 +558,10 @@ def _tie_text(view: _View, name: str) -> str:
     return f"{canonical!r}" + (f" (permute {list(perm)})" if perm is not None else "")
 
 
-def _one(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[VerifyFinding]:
-    """The findings of one name both sides have."""
+def _one(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]:
+    """The findings of one name both sides have (its checks, to resolve)."""
     tied_a, tied_b = name in a.ties, name in b.ties
-    out: list[VerifyFinding] = []
+    out: list[_Step] = []
     if tied_a and tied_b:
         canonical, perm = a.root(name)
         if _related(b, name, canonical) != perm:  # (Through any canonical of the group.)
@@ -525,7 +608,7 @@ def _copy(
     *,
     written_out: bool = False,
     tier: tuple[str, _View, str, Perm | None] | None = None,
-) -> list[VerifyFinding]:
+) -> list[_Step]:
     """Whether the stored ``name`` of ``view`` is bit for bit its canonical: by
     ``view``'s own tie (an alias it writes out beside the tie), or by the tie ``tier``
     declares on the other side (a copy, which then counts as the tie)."""
@@ -554,28 +637,32 @@ def _copy(
                 f"not {expected.dtype}{list(expected.shape)}",
             )
         ]
-    diff = _compare(view.blocks(name), view.blocks(canonical, perm), None, False)
-    if diff.count:
-        how = "writes it out" if written_out else "stores it apart"
+
+    def findings(diff: _Diff) -> list[VerifyFinding]:
+        if diff.count:
+            how = "writes it out" if written_out else "stores it apart"
+            return [
+                VerifyFinding(
+                    "tie",
+                    name,
+                    f"{declared}, but {side} {how} with other values: "
+                    + diff.detail(have.shape, ""),
+                )
+            ]
+        if written_out:
+            return []
         return [
             VerifyFinding(
-                "tie",
+                "copy",
                 name,
-                f"{declared}, but {side} {how} with other values: " + diff.detail(have.shape, ""),
+                f"{declared}; {side} stores it as a copy, bit-identical: it counts as the tie",
             )
         ]
-    if written_out:
-        return []
-    return [
-        VerifyFinding(
-            "copy",
-            name,
-            f"{declared}; {side} stores it as a copy, bit-identical: it counts as the tie",
-        )
-    ]
+
+    return [_Check(_Read(view, name), _Read(view, canonical, perm), None, False, findings)]
 
 
-def _values(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[VerifyFinding]:
+def _values(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]:
     """The findings of a name both sides store (or resolve through one tie each)."""
     ia, ib = a.info(name), b.info(name)
     if ia.shape != ib.shape:
@@ -583,21 +670,28 @@ def _values(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[Verify
     dtype_a = numpy_dtype(ia.dtype)
     want = cast_to(dtype_a, cast) if cast is not None else dtype_a
     if want.name != ib.dtype:
-        diff = _compare(a.blocks(name), b.blocks(name), None, True)
         cast_text = f" ({ia.dtype} cast to {cast.name})" if cast is not None else ""
-        values = "values equal" if not diff.count else diff.detail(ia.shape, "")
-        return [
-            VerifyFinding(
-                "dtype",
-                name,
-                f"expected {want.name}{cast_text}, B stores {ib.dtype}; {values}",
-            )
-        ]
-    diff = _compare(a.blocks(name), b.blocks(name), want if want != dtype_a else None, False)
-    if not diff.count:
-        return []
+
+        def dtype_finding(diff: _Diff) -> list[VerifyFinding]:
+            values = "values equal" if not diff.count else diff.detail(ia.shape, "")
+            return [
+                VerifyFinding(
+                    "dtype",
+                    name,
+                    f"expected {want.name}{cast_text}, B stores {ib.dtype}; {values}",
+                )
+            ]
+
+        return [_Check(_Read(a, name), _Read(b, name), None, True, dtype_finding)]
     what = f"B is not A cast to {want.name}: " if want != dtype_a else ""
-    return [VerifyFinding("values", name, diff.detail(ia.shape, what))]
+
+    def values_finding(diff: _Diff) -> list[VerifyFinding]:
+        if not diff.count:
+            return []
+        return [VerifyFinding("values", name, diff.detail(ia.shape, what))]
+
+    to = want if want != dtype_a else None
+    return [_Check(_Read(a, name), _Read(b, name), to, False, values_finding)]
 
 
 # --- One side, its manifest ------------------------------------------------------
@@ -643,6 +737,16 @@ def _against_manifest(a: str | os.PathLike | TensorSource, limit: int) -> Verify
                 f"{source.where}: expected a manifest (written by `jaxshare convert --manifest`); "
                 "found none. Pass a second input to compare it with."
             )
+        hashed = [
+            name
+            for name, entry in manifest.items()
+            if (info := source.infos.get(name)) is not None
+            and (tuple(info.shape), info.dtype) == (entry.shape, entry.dtype)
+            and entry.sha256 is not None
+        ]
+        # A few tensors at once, each block by block (an error raised at its tensor).
+        digests = parallel_map(lambda n: tensor_digest(source.blocks(n)), hashed)
+        digest = dict(zip(hashed, digests, strict=True))
         findings: list[VerifyFinding] = []
         read = compared = 0
         for name, entry in manifest.items():
@@ -663,12 +767,9 @@ def _against_manifest(a: str | os.PathLike | TensorSource, limit: int) -> Verify
             if entry.sha256 is None:
                 findings.append(VerifyFinding("unhashed", name, "the manifest holds no hash"))
                 continue
-            digest = TensorHash()
-            for block in source.blocks(name):
-                digest.update(block)
+            got = digest[name]
             read += info.nbytes
             compared += 1
-            got = digest.hexdigest()
             if got != entry.sha256:
                 findings.append(
                     VerifyFinding(

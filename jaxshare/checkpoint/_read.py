@@ -29,7 +29,7 @@ import tensorstore as ts
 import zstandard
 
 from jaxshare._dtype import cast_to
-from jaxshare._perm import Perm
+from jaxshare._perm import Perm, contiguous_transpose
 from jaxshare.checkpoint._item import StoredItem, array_spec, is_ocdbt, read_context
 
 __all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader"]
@@ -81,10 +81,13 @@ class LeafReader:
         if chunk is not None and store.ndim:
             if perm is None or tuple(perm) == tuple(range(store.ndim)):
                 yield from chunk.blocks(store.shape, np.dtype(store.dtype.numpy_dtype))
-            else:  # Decoded whole, once, then transposed block by block.
-                whole = _whole(store, chunk).transpose(perm)
-                for start, stop in _row_ranges(whole.shape, whole.dtype):
-                    yield np.ascontiguousarray(whole[start:stop])
+            else:  # Decoded whole, once, then transposed block by block, on threads.
+                whole = _whole(store, chunk)
+                rows = whole.transpose(perm)
+                for start, stop in _row_ranges(rows.shape, rows.dtype):
+                    index = [slice(None)] * whole.ndim
+                    index[perm[0]] = slice(start, stop)  # The rows of the transpose.
+                    yield contiguous_transpose(whole[tuple(index)], perm)
             return
         if perm is not None:
             store = store[ts.d[list(perm)].transpose[:]]

@@ -607,3 +607,24 @@ def test_stacked_layers_verify_and_a_stack_off_the_first_axis_is_noted_unhashed(
     notes = [(f.kind, f.name) for f in report.notes]
     assert notes == ([] if axis == 0 else [("unhashed", "params/model/layers/mlp/kernel")])
     assert report.compared == (2 if axis == 0 else 1)
+
+
+def test_a_read_failing_on_a_reader_thread_is_raised_as_it_was(tmp_path: Path) -> None:
+    """The tensors are read ahead on threads: a stored chunk cut short fails there,
+    and the caller gets that error, its message whole, with no thread left reading."""
+    import threading
+
+    import orbax.checkpoint as ocp
+
+    tree = {f"w{i}": np.arange(4096, dtype=np.float32).reshape(64, 64) + i for i in range(4)}
+    for name in ("a", "b"):
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False))
+        checkpointer.save(tmp_path / name, tree)
+        checkpointer.close()
+    chunk = tmp_path / "b" / "w2" / "0.0"
+    chunk.write_bytes(chunk.read_bytes()[:100])  # One array's zstd frame, cut short.
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=r"0\.0: the array's zstd chunk is truncated\.$"):
+        bridge.verify(tmp_path / "a", tmp_path / "b")
+    assert threading.active_count() == before
+    assert bridge.verify(tmp_path / "a", tmp_path / "a").ok
