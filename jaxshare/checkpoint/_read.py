@@ -19,6 +19,7 @@ and a few MiB, and its blocks (untransposed) hold one block.
 
 from __future__ import annotations
 
+import collections
 import math
 import mmap
 from collections.abc import Iterator
@@ -39,8 +40,10 @@ CHUNK_BYTES = 16 * 2**20
 #: Size of the blocks :meth:`LeafReader.blocks` yields.
 BLOCK_BYTES = 16 * 2**20
 _MMAP_BYTES = 2**20
-#: The stored bytes of a one-chunk array are read in ranges of this size.
+#: The stored bytes of a one-chunk array are read in ranges of this size,
 _RANGE_BYTES = 4 * 2**20
+#: this many in flight at once.
+_RANGES_AHEAD = 4
 
 
 class LeafReader:
@@ -140,7 +143,7 @@ class _OneChunk:
     """The stored bytes of an array kept as one chunk, decoded as a stream.
 
     The chunk's bytes (a zstd frame, or the raw array) are read from the item's
-    key-value store in ranges of :data:`_RANGE_BYTES`, one range ahead, and
+    key-value store in ranges of :data:`_RANGE_BYTES`, a few ranges ahead, and
     decoded into place, so nothing holds the compressed chunk whole.
     """
 
@@ -210,16 +213,23 @@ class _OneChunk:
         return cls(kvstore, key.encode(), start, stop, zstd=zstd)
 
     def _ranges(self) -> Iterator[bytes]:
-        """The stored bytes, range after range, the next one read while the
-        last is decoded."""
-        pending = self._read(self._start)
-        offset = self._start
-        while pending is not None:
-            data = self._result(pending, offset)
-            offset += len(data)
-            more = len(data) == _RANGE_BYTES > 0 and (self._stop is None or offset < self._stop)
-            pending = self._read(offset) if more else None
-            yield data
+        """The stored bytes, range after range, the next :data:`_RANGES_AHEAD` read
+        while one is decoded (so a cold disk has several requests to serve). The
+        first short range is the last: reads past it are dropped unread."""
+        pending: collections.deque[tuple[int, Any]] = collections.deque()
+        ahead = self._start  # Where the next range to ask for starts.
+        while True:
+            while len(pending) < _RANGES_AHEAD and (self._stop is None or ahead < self._stop):
+                pending.append(self._read(ahead))
+                ahead += _RANGE_BYTES
+            if not pending:
+                return
+            offset, _ = pending[0]
+            data = self._result(pending.popleft(), offset)
+            if data:
+                yield data
+            if len(data) < _RANGE_BYTES:
+                return
 
     def _read(self, offset: int) -> Any:
         stop = offset + _RANGE_BYTES
