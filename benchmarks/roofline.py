@@ -63,6 +63,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import stream_convert
 from stream_convert import ROOT, remove
 
 GB = 1e9
@@ -206,20 +207,9 @@ def model_specs(vocab: int, width: int, blocks: int, inner: int) -> list[tuple[s
 
 
 def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
-    """Writes the model one tensor at a time (random float32, which compresses as
-    little as real weights), the head's tie in the file's metadata."""
-    import numpy as np
-
-    from jaxshare import AliasMap
-    from jaxshare.formats import TensorSpec, write_safetensors
-    from jaxshare.internal import tie_metadata
-
-    rng = np.random.default_rng(0)
-    tie = AliasMap({"lm_head.weight": "model.embed_tokens.weight"})
-    tensors = [TensorSpec(n, s, np.dtype("float32")) for n, s in specs]
-    with write_safetensors(path, tensors, {"format": "pt", **tie_metadata(tie)}) as write:
-        for spec in tensors:
-            write((rng.random(spec.shape, dtype=np.float32) - 0.5,))
+    """Writes the model one tensor at a time (random float32), the head tied to
+    the embedding in the file's metadata, in Llama names."""
+    stream_convert.write_model(path, specs, embedding="model.embed_tokens.weight")
 
 
 def llama_config(width: int, blocks: int, vocab: int, inner: int) -> dict:
@@ -326,8 +316,6 @@ ROUTES = {
         "torch",
     ),
 }
-#: The items later routes read, kept until then.
-KEPT = ("ckpt", "ckpt_hf", "ckpt_raw")
 
 
 def main() -> None:
@@ -379,12 +367,12 @@ def main() -> None:
               f"(load {loads[-1]:.1f})\n", flush=True)  # fmt: skip
         inputs = {"model": model}
         rows = []
-        for name, (kind, out, extra, plan) in ROUTES.items():
-            if args.routes and name not in args.routes:
-                continue
-            made = None
+        routes = {n: r for n, r in ROUTES.items() if not args.routes or n in args.routes}
+        read_later = {kind for kind, *_ in routes.values()}  # Outputs kept for later routes.
+        last_reader = {kind: name for name, (kind, *_) in routes.items()}
+        for name, (kind, out, extra, plan) in routes.items():
             if kind not in inputs:
-                made = inputs[kind] = make_input(kind, root, model, config)
+                inputs[kind] = make_input(kind, root, model, config)
             src = inputs[kind]
             dst = root / out
             moved = transposed_bytes(src, plan, plan == "flax") if plan else 0
@@ -403,15 +391,12 @@ def main() -> None:
                 rows.append((name, state, seconds, nbytes_in, nbytes_out, moved, limit, bound,
                              os.getloadavg()[0]))  # fmt: skip
                 print(format_row(rows[-1]), flush=True)
-            # Keep the items later routes read; remove everything else.
-            if out in KEPT:
+            # Keep the outputs later routes read; remove each input after its last reader.
+            if out in read_later:
                 inputs[out] = dst
             else:
                 remove(dst)
-            if made is not None and kind not in KEPT:
-                remove(made)
-                inputs.pop(kind)
-            if kind in ("ckpt_hf", "ckpt_raw"):
+            if kind != "model" and last_reader[kind] == name:
                 remove(inputs.pop(kind))
         print(f"\ncast to bf16 (not on these routes; for --dtype): {c_bw / GB:.2f} GB/s. "
               f"Goals: <= {GOAL_PLAIN}x the limit without transposes, <= {GOAL_TRANSPOSED}x "

@@ -101,9 +101,12 @@ def model_specs(vocab: int, width: int, blocks: int, context: int) -> list[tuple
     return specs + [("transformer.ln_f.weight", (d,)), ("transformer.ln_f.bias", (d,))]
 
 
-def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
+def write_model(
+    path: Path, specs: list[tuple[str, tuple]], *, embedding: str = "transformer.wte.weight"
+) -> None:
     """Writes the model one tensor at a time (random float32, which compresses
-    as little as real weights)."""
+    as little as real weights), ``lm_head.weight`` tied to ``embedding`` in the
+    file's metadata."""
     import numpy as np
 
     from jaxshare import AliasMap
@@ -111,7 +114,7 @@ def write_model(path: Path, specs: list[tuple[str, tuple]]) -> None:
     from jaxshare.internal import tie_metadata
 
     rng = np.random.default_rng(0)
-    tie = AliasMap({"lm_head.weight": "transformer.wte.weight"})
+    tie = AliasMap({"lm_head.weight": embedding})
     tensors = [TensorSpec(n, s, np.dtype("float32")) for n, s in specs]
     with write_safetensors(path, tensors, {"format": "pt", **tie_metadata(tie)}) as write:
         for spec in tensors:
