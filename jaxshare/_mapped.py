@@ -15,11 +15,12 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["copy_view", "map_file"]
+__all__ = ["copy_view", "map_file", "write_array"]
 
 #: id(mmap) -> (first address, length, the open file it maps), while the map lives.
 _MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
@@ -116,3 +117,36 @@ def copy_view(view: np.ndarray, out: BinaryIO) -> bool:
         return False
     out.seek(start + done)
     return True
+
+
+#: Bytes :func:`write_array` writes between two calls of its ``after``.
+WRITE_STEP = 32 * 2**20
+
+
+def write_array(
+    data: np.ndarray,
+    out: BinaryIO,
+    after: Callable[[], None] | None = None,
+    *,
+    step: int = WRITE_STEP,
+) -> None:
+    """Writes the bytes of a C-contiguous array at ``out``'s position, ``step``
+    bytes at a time -- copied file to file where they lie in a mapped file
+    (:func:`copy_view`) -- and calls ``after()`` after each step (a
+    :class:`jaxshare._output.WriteBehind` 's ``wrote``, so the disk writes the
+    first steps while the last are copied).
+
+    >>> import io
+    >>> out = io.BytesIO()
+    >>> steps = []
+    >>> write_array(np.arange(4, dtype=np.uint8), out, lambda: steps.append(out.tell()), step=3)
+    >>> out.getvalue(), steps
+    (b'\\x00\\x01\\x02\\x03', [3, 4])
+    """
+    raw = data.reshape(-1).view(np.uint8)
+    for start in range(0, raw.size, step):
+        piece = raw[start : start + step]
+        if not copy_view(piece, out):
+            out.write(piece.data)
+        if after is not None:
+            after()

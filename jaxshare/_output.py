@@ -17,26 +17,36 @@ Every file and directory jaxshare writes goes through :func:`atomic_output`:
   fails;
 - temporary names left by a killed run carry its process id: the next write to
   the same destination removes those whose process is gone.
+
+Large outputs are handed to the disk while they are written, and leave the page
+cache once on it: :class:`WriteBehind` for the files jaxshare writes itself,
+:class:`DropWritten` for those TensorStore writes into an Orbax item.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import secrets
 import shutil
+import sys
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
+    "DropWritten",
     "OutputKind",
+    "WriteBehind",
     "atomic_output",
     "check_not_an_input",
     "destination_of",
     "remove_path",
-    "start_writeback",
 ]
 
 _TMP = ".jaxshare-tmp-"
@@ -303,21 +313,161 @@ def atomic_output(
             _remove_empty(created)
 
 
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Asks the kernel to start writing ``length`` bytes of ``fd`` from ``offset``
-    to disk now, without waiting, where the platform allows it.
+#: Bytes a sequential writer hands to the disk at a time (:class:`WriteBehind`).
+WRITE_BEHIND_STEP = 32 * 2**20
+#: Steps in flight before the writer waits for the oldest to reach the disk.
+WRITE_BEHIND_LAG = 2
 
-    A streaming writer calls it after each tensor, so the disk writes while the
-    next tensor is read, and the ``fsync`` before the rename has little left to
-    do. On Linux, ``POSIX_FADV_DONTNEED`` starts write-back of the range's dirty
-    pages (pages still dirty or being written stay cached); elsewhere this does
-    nothing.
-    """
+# sync_file_range(2)'s flags.
+_WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``sync_file_range`` through ctypes (Python's ``os`` lacks it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+
+
+def _drop(fd: int, offset: int, length: int) -> None:
+    """``POSIX_FADV_DONTNEED`` of a range: its clean pages leave the page cache and
+    its dirty ones start their write-back. Advice only: never a reason to fail."""
     advise = getattr(os, "posix_fadvise", None)
-    if advise is None or length <= 0:
-        return
-    with contextlib.suppress(OSError):  # Advice only: never a reason to fail a write.
-        advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    if advise is not None:
+        with contextlib.suppress(OSError):
+            advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+class WriteBehind:
+    """Keeps a file flowing to disk as a sequential writer fills it.
+
+    Written through the page cache and ``fsync`` ed at the end, a large output
+    reaches the disk only in the kernel's time, and its pages crowd out
+    everything else in memory meanwhile: here, writing 3 GB that way took 4-10 s
+    where the same bytes handed to the disk as they came took 1.2-2.2 s. So each
+    :data:`WRITE_BEHIND_STEP` bytes written start their write-back at once
+    (``sync_file_range``), and once :data:`WRITE_BEHIND_LAG` steps are in flight
+    the writer waits for the oldest to be on disk and drops its pages: the disk
+    always has work, the writer holds at most a few steps of dirty pages, and
+    the ``fsync`` before the rename has little left to do. Where
+    ``sync_file_range`` is missing, ``posix_fadvise`` starts the write-back and
+    drops the pages a lag later, without waiting; elsewhere it does nothing.
+
+    Args:
+      f: the file being written from its start, position at its end (its
+        buffered writes are flushed before each step is handed on).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryFile() as f:
+    ...     behind = WriteBehind(f)
+    ...     for _ in range(3):
+    ...         _ = f.write(b"x" * 1000)
+    ...         behind.wrote()
+    ...     behind.close()
+    ...     f.tell()
+    3000
+    """
+
+    def __init__(self, f: BinaryIO, *, step: int = WRITE_BEHIND_STEP) -> None:
+        self._f = f
+        self._step = step
+        self._handed = f.tell()  # Bytes from here on are not yet handed to the disk.
+        self._flight: deque[tuple[int, int]] = deque()
+
+    def wrote(self, *, final: bool = False) -> None:
+        """Called after each write: hands the bytes since the last step to the
+        disk once there are a step's worth (any, with ``final``)."""
+        end = self._f.tell()
+        if end - self._handed < (1 if final else self._step):
+            return
+        self._f.flush()
+        fd = self._f.fileno()
+        offset, length = self._handed, end - self._handed
+        if _SYNC_FILE_RANGE is not None:
+            _SYNC_FILE_RANGE(fd, offset, length, _WRITE)
+        else:
+            _drop(fd, offset, length)
+        self._flight.append((offset, length))
+        self._handed = end
+        while len(self._flight) > WRITE_BEHIND_LAG:
+            old, size = self._flight.popleft()
+            if _SYNC_FILE_RANGE is not None:
+                _SYNC_FILE_RANGE(fd, old, size, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+            _drop(fd, old, size)
+
+    def close(self) -> None:
+        """``fsync`` s the file (wherever its position now is); its pages then
+        leave the page cache."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._flight.clear()
+        _drop(self._f.fileno(), 0, 0)
+
+
+class DropWritten:
+    """Keeps the files another writer (TensorStore) puts under ``directory`` out
+    of the page cache while it writes them, as :class:`WriteBehind` does for
+    ours: every ``interval`` seconds a thread advises ``POSIX_FADV_DONTNEED`` on
+    each file that grew since its last look, and once more on the look after,
+    which starts the write-back of what is dirty and drops what is on disk.
+    Advice only: the files' contents and their ``fsync`` s are the writer's.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> with DropWritten(d, interval=0.01):
+    ...     _ = (d / "chunk").write_bytes(b"x" * 4096)
+    >>> (d / "chunk").read_bytes() == b"x" * 4096
+    True
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, interval: float = 0.2) -> None:
+        self._directory = Path(directory)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._seen: dict[str, tuple[int, int]] = {}  # path: (size, looks at that size)
+        self._thread = threading.Thread(target=self._run, name="jaxshare-drop", daemon=True)
+
+    def __enter__(self) -> DropWritten:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._look()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._look()
+
+    def _look(self) -> None:
+        for root, _, names in os.walk(self._directory):
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    continue  # (A temp file renamed meanwhile.)
+                last, looks = self._seen.get(path, (-1, 0))
+                looks = looks + 1 if size == last else 1
+                self._seen[path] = (size, looks)
+                if looks > 2 or size == 0:
+                    continue
+                with contextlib.suppress(OSError):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        _drop(fd, 0, 0)
+                    finally:
+                        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

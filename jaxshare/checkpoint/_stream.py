@@ -39,6 +39,7 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
 from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
 from jaxshare._naming import stack_axis
+from jaxshare._output import DropWritten
 from jaxshare._paths import nest
 from jaxshare._plan import Plan, PlanEntry, ReadAhead
 from jaxshare._progress import ProgressFn
@@ -203,7 +204,13 @@ class StreamedItem:
             return
         jobs = [self._job(leaf.entry) for leaf in leaves]
         # Orbax serializes each handler's leaves in a thread of their own: one at a time.
-        with self._lock, ReadAhead(jobs, self.budget()) as ahead:
+        # TensorStore's files leave the page cache as they reach the disk (the write
+        # goes 2-3x faster here than with them kept).
+        with (
+            self._lock,
+            DropWritten(infos[0].parent_dir),
+            ReadAhead(jobs, self.budget()) as ahead,
+        ):
             arrays = ahead.held()
             pending: set[asyncio.Task[None]] = set()
 

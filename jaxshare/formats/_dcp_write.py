@@ -35,15 +35,15 @@ import struct
 import sys
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from jaxshare._mapped import copy_view
-from jaxshare._output import OutputKind, atomic_output, start_writeback
+from jaxshare._mapped import write_array
+from jaxshare._output import OutputKind, WriteBehind, atomic_output
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._plan import Plan, PlanEntry
 from jaxshare._progress import ProgressFn
@@ -376,8 +376,9 @@ class _RecordWriter:
     """Writes one record, a ``torch.save`` archive, at the file's position: small
     entries from bytes, the tensor's data from blocks as they come."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, after: Callable[[], None] | None = None) -> None:
         self.f = f
+        self.after = after  # Called after each step of a tensor's data is written.
         self.start = f.tell()
         self.entries: list[_ZipEntry] = []
 
@@ -425,8 +426,7 @@ class _RecordWriter:
             if size > nbytes:
                 break
             crc = zlib.crc32(raw.data, crc)
-            if not copy_view(data, self.f):  # (A mapped file's pages: copied file to file.)
-                self.f.write(raw.data)
+            write_array(data, self.f, self.after)
         if size != nbytes:
             raise ValueError(f"{what}: expected {nbytes} bytes, got {size} or more.")
         entry.crc = crc
@@ -492,11 +492,18 @@ def _little_endian(data: np.ndarray) -> np.ndarray:
     return data
 
 
-def _write_record(f: BinaryIO, info: ArrayInfo, blocks: Iterable[np.ndarray], name: str) -> _Record:
+def _write_record(
+    f: BinaryIO,
+    info: ArrayInfo,
+    blocks: Iterable[np.ndarray],
+    name: str,
+    after: Callable[[], None] | None = None,
+) -> _Record:
     """One tensor as a ``torch.save`` archive at the next aligned offset of ``f``:
-    what ``torch.load`` of those bytes returns, bit for bit."""
+    what ``torch.load`` of those bytes returns, bit for bit (``after`` is called
+    after each step of its data is written)."""
     f.write(b"\0" * (-f.tell() % _ALIGN))
-    record = _RecordWriter(f)
+    record = _RecordWriter(f, after)
     record.add("data.pkl", _tensor_pickle(info))
     record.add(".format_version", b"1")
     record.add(".storage_alignment", str(_ALIGN).encode())
@@ -674,24 +681,26 @@ def write_dcp(
     with atomic_output(directory, DCP_FOLDER, force=force, inputs=inputs) as tmp:
         tmp.mkdir()
         with open(tmp / DCP_DATA_FILE, "wb") as f:
+            behind = WriteBehind(f)  # The disk writes each record while the next is read.
             for entry, blocks, array in _entries_with_arrays(plan, source, copies):
-                record = _write_record(f, entry.info, blocks, entry.name)
+                record = _write_record(f, entry.info, blocks, entry.name, behind.wrote)
                 fqns[entry.name] = (entry.info, record)
                 for alias in shared[entry.name]:
                     fqns[alias] = (entry.info, record)
                 done += 1
-                _written(f, record, progress, done, total, entry.name, entry.info.nbytes)
+                if progress is not None:
+                    progress(done, total, entry.name, entry.info.nbytes)
                 for copy in copies[entry.name]:
                     assert array is not None  # (Read whole for its copies.)
                     permuted = contiguous_transpose(array, copy.perm)
-                    record = _write_record(f, copy.info, (permuted,), copy.name)
+                    record = _write_record(f, copy.info, (permuted,), copy.name, behind.wrote)
                     del permuted
                     fqns[copy.name] = (copy.info, record)
                     done += 1
-                    _written(f, record, progress, done, total, copy.name, copy.info.nbytes)
+                    if progress is not None:
+                        progress(done, total, copy.name, copy.info.nbytes)
                 del array, blocks
-            f.flush()
-            os.fsync(f.fileno())
+            behind.close()
         files = {METADATA_FILE: _metadata_pickle(fqns)}
         files[ALIAS_MAP_FILE] = plan.alias_map.to_json(indent=1).encode()
         if plan.alias_map.naming is not None:
@@ -703,26 +712,6 @@ def write_dcp(
                 os.fsync(out.fileno())
         _fsync_dir(tmp)
     return Path(directory)
-
-
-#: records at least this large start their write-back as soon as they are written
-_WRITEBACK_MIN = 1 << 20
-
-
-def _written(
-    f: BinaryIO,
-    record: _Record,
-    progress: ProgressFn | None,
-    done: int,
-    total: int,
-    name: str,
-    nbytes: int,
-) -> None:
-    if record.length >= _WRITEBACK_MIN:  # The disk writes it while the next is read.
-        f.flush()
-        start_writeback(f.fileno(), record.offset, record.length)
-    if progress is not None:
-        progress(done, total, name, nbytes)
 
 
 def _fsync_dir(path: Path) -> None:

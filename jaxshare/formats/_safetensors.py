@@ -34,9 +34,9 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._json import loads
 from jaxshare._manifest import Manifest, TensorHash
-from jaxshare._mapped import copy_view, map_file
+from jaxshare._mapped import map_file, write_array
 from jaxshare._naming import NamingRecord
-from jaxshare._output import OutputKind, atomic_output, start_writeback
+from jaxshare._output import OutputKind, WriteBehind, atomic_output
 from jaxshare._plan import Plan
 from jaxshare._progress import ProgressFn
 from jaxshare._report import ArrayInfo, TieReport
@@ -446,10 +446,6 @@ def _header_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> b
 SAFETENSORS = OutputKind("a .safetensors file", False, is_safetensors_file)
 
 
-#: tensors at least this large start their write-back as soon as they are written
-_WRITEBACK_MIN = 1 << 20
-
-
 @contextlib.contextmanager
 def write_safetensors(
     path: str | os.PathLike,
@@ -495,6 +491,7 @@ def write_safetensors(
     written = 0
     with atomic_output(path, SAFETENSORS, force=force, inputs=inputs) as tmp:
         with open(tmp, "wb") as f:
+            behind = WriteBehind(f)  # The disk writes each tensor while the next is read.
 
             def write(blocks: Iterable[np.ndarray]) -> str | None:
                 nonlocal written
@@ -511,15 +508,11 @@ def write_safetensors(
                     data = np.ascontiguousarray(block)
                     if digest is not None:
                         digest.update(data)
-                    if not copy_view(data, f):  # (A mapped file's pages: copied file to file.)
-                        f.write(data.reshape(-1).view(np.uint8).data if data.size else b"")
+                    write_array(data, f, behind.wrote)
                     size += data.nbytes
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")
                 written += 1
-                if size >= _WRITEBACK_MIN:  # The disk writes it while the next is read.
-                    f.flush()
-                    start_writeback(f.fileno(), f.tell() - size, size)
                 if digest is None:
                     return None
                 digests.append(digest.hexdigest())
@@ -534,8 +527,7 @@ def write_safetensors(
             for place, digest in zip(places, digests, strict=True):  # The stand-ins replaced.
                 f.seek(place)
                 f.write(digest.encode())
-            f.flush()
-            os.fsync(f.fileno())
+            behind.close()
 
 
 def save_plan(
