@@ -20,6 +20,7 @@ and a few MiB, and its blocks (untransposed) hold one block.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import mmap
 from collections.abc import Iterator
@@ -311,4 +312,10 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _MMAP_BYTES:
         return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # In huge pages where the kernel has them (as numpy asks for its own large
+    # arrays): 512x fewer page faults filling it (here 3.3 GB read took 850k).
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
