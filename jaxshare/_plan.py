@@ -11,7 +11,7 @@ directory) ask it for one output array at a time, read from the source with
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -150,7 +150,7 @@ class Plan:
 
     def arrays(
         self, source: TensorSource, progress: Callable[[int, int, str, int], None] | None = None
-    ) -> Iterator[tuple[PlanEntry, np.ndarray]]:
+    ) -> Generator[tuple[PlanEntry, np.ndarray], None, None]:
         """Each entry with its array, in order, reporting progress after each.
 
         The next array is read (cast, transposed) in a background thread while

@@ -342,6 +342,24 @@ def test_shards_and_index(dirs, models, tmp_path):
         assert dict(shard.ties) == {"lm_head.weight": "transformer.wte.weight"}
 
 
+def test_shards_from_an_item_read_ahead_hold_what_the_directory_holds(dirs, models, tmp_path):
+    # An item is not mapped: its tensors are read ahead on threads in the shards'
+    # order, which a tensor over the limit (a shard of its own) takes out of the
+    # plan's order. Every shard must still hold exactly its own tensors' bytes.
+    item = tmp_path / "item"
+    bridge.convert(dirs["gpt2", "one"], item)
+    direct = bridge.save_hf(tmp_path / "direct", dirs["gpt2", "one"], max_shard_size="3KB")
+    ahead = bridge.save_hf(tmp_path / "ahead", item, max_shard_size="3KB")
+    index = json.loads((ahead / "model.safetensors.index.json").read_text())
+    assert index == json.loads((direct / "model.safetensors.index.json").read_text())
+    for file in sorted(set(index["weight_map"].values())):
+        with SafetensorsFile(direct / file) as want, SafetensorsFile(ahead / file) as got:
+            assert list(got.infos) == list(want.infos)
+            for name in want.infos:
+                np.testing.assert_array_equal(got.read(name), want.read(name), strict=True)
+    assert_loads_as(ahead, models["gpt2"], "gpt2")
+
+
 def test_an_alias_the_config_does_not_tie_is_written_out(tmp_path):
     model = build("llama_untied")
     with torch.no_grad():
