@@ -509,14 +509,14 @@ def _write(
     hashes: dict[str, ManifestEntry] = {}
     total = sum(len(s) for s in shards)
     done = 0
-    # A source that is not mapped (an Orbax item) is read ahead on threads, in the
-    # shards' order, while the tensor before is written (as `write_plan` does).
+    # In the shards' order; a source that is not mapped (an Orbax item) is read ahead
+    # on threads while the tensor before is written.
     ordered = dataclasses.replace(plan, entries=tuple(e for shard in shards for e in shard))
-    ahead = None if source.mapped else ordered.arrays(source)
-    with contextlib.ExitStack() as stack:
-        if ahead is not None:
-            stack.enter_context(contextlib.closing(ahead))  # Its threads end with the write.
-        tmp = stack.enter_context(atomic_output(dst, HF_DIRECTORY, force=force, inputs=inputs))
+    outputs = ordered.outputs(source)
+    with (
+        contextlib.closing(outputs),  # Its threads end with the write.
+        atomic_output(dst, HF_DIRECTORY, force=force, inputs=inputs) as tmp,
+    ):
         tmp.mkdir()
         for shard, name in zip(shards, names, strict=True):
             here = {e.name for e in shard}
@@ -530,12 +530,9 @@ def _write(
             specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in shard]
             with write_safetensors(tmp / name, specs, metadata, manifest=manifest) as write:
                 for entry in shard:
-                    if ahead is None:
-                        digest = write(plan.blocks(source, entry))
-                    else:
-                        _, array = next(ahead)
-                        digest = write((array,))
-                        del array  # Before the next is read.
+                    _, blocks = next(outputs)
+                    digest = write(blocks)
+                    del blocks  # Before the next is read.
                     hashes[entry.name] = ManifestEntry(entry.info.shape, entry.info.dtype, digest)
                     done += 1
                     if progress is not None:

@@ -383,11 +383,11 @@ class WriteBehind:
         self._handed = f.tell()  # Bytes from here on are not yet handed to the disk.
         self._flight: deque[tuple[int, int]] = deque()
 
-    def wrote(self, *, final: bool = False) -> None:
+    def wrote(self) -> None:
         """Called after each write: hands the bytes since the last step to the
-        disk once there are a step's worth (any, with ``final``)."""
+        disk once there are a step's worth."""
         end = self._f.tell()
-        if end - self._handed < (1 if final else self._step):
+        if end - self._handed < self._step:
             return
         self._f.flush()
         fd = self._f.fileno()

@@ -191,6 +191,22 @@ class Plan:
                 if progress is not None:
                     progress(done, len(self.entries), entry.name, entry.info.nbytes)
 
+    def outputs(
+        self, source: TensorSource
+    ) -> Generator[tuple[PlanEntry, Iterable[np.ndarray]], None, None]:
+        """Each entry with its bytes to write, in order: a mapped source's blocks
+        as they lie (:meth:`blocks`, no copy), else its array, read ahead on
+        threads while the caller writes the one before (:meth:`arrays`; a caller
+        that drops the blocks before asking for the next keeps to the budget).
+        """
+        if source.mapped:
+            for entry in self.entries:
+                yield entry, self.blocks(source, entry)
+            return
+        for entry, array in self.arrays(source):
+            yield entry, (array,)
+            del array  # Before the next is read.
+
     def cost(self, source: TensorSource, entry: PlanEntry) -> int:
         """The most bytes reading ``entry`` holds at once: its output array, plus
         the source's array while a cast or transpose copies it."""

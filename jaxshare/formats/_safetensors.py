@@ -583,12 +583,8 @@ def write_plan(
     with write_safetensors(
         path, specs, metadata, force=force, inputs=inputs, manifest=manifest
     ) as write:
-        if source.mapped:  # Views of mapped memory, written as they are: no copy.
-            for done, entry in enumerate(plan.entries, 1):
-                write(plan.blocks(source, entry))
-                if progress is not None:
-                    progress(done, len(plan.entries), entry.name, entry.info.nbytes)
-            return
-        for _, array in plan.arrays(source, progress):
-            write((array,))
-            del array  # Before the next is read.
+        for done, (entry, blocks) in enumerate(plan.outputs(source), 1):
+            write(blocks)
+            del blocks  # Before the next is read.
+            if progress is not None:
+                progress(done, len(plan.entries), entry.name, entry.info.nbytes)
