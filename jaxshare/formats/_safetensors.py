@@ -580,10 +580,16 @@ def write_plan(
     adds the plan's ties to it): the streaming writer under every
     ``.safetensors`` output (``manifest``: as for :func:`write_safetensors`)."""
     specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
-    with write_safetensors(
-        path, specs, metadata, force=force, inputs=inputs, manifest=manifest
-    ) as write:
-        for done, (entry, blocks) in enumerate(plan.outputs(source), 1):
+    with (
+        write_safetensors(
+            path, specs, metadata, force=force, inputs=inputs, manifest=manifest
+        ) as write,
+        contextlib.closing(plan.outputs(source)) as outputs,  # Its threads end here.
+    ):
+        # No `enumerate` over the outputs: it keeps the last of them (its array with
+        # it) until the next is read.
+        for done, entry in enumerate(plan.entries, 1):
+            _, blocks = next(outputs)
             write(blocks)
             del blocks  # Before the next is read.
             if progress is not None:
