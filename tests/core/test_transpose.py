@@ -15,19 +15,41 @@ from jaxshare import _perm
 from jaxshare._perm import contiguous_transpose
 
 
-@settings(max_examples=60, deadline=None)
-@given(data=st.data())
-def test_equals_numpys_transposed_copy_on_threads(data):
-    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=4, max_side=7))
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.data(),
+    threads=st.booleans(),
+    tiles=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    into=st.booleans(),
+)
+def test_equals_numpys_transposed_copy_in_tiles_on_threads(data, threads, tiles, into):
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=11))
     x = data.draw(hnp.arrays(np.int32, shape))
-    perm = data.draw(st.permutations(range(len(shape))))
-    saved, _perm._PARALLEL_BYTES = _perm._PARALLEL_BYTES, 0  # every array on threads
+    if data.draw(st.booleans()) and x.ndim:  # a strided input
+        x = x[::-1] if data.draw(st.booleans()) else np.asfortranarray(x)
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    want = np.ascontiguousarray(np.transpose(x, perm))
+    out = np.full(want.shape, -1, np.int32) if into else None
+    saved = _perm._PARALLEL_BYTES, _perm._TILE, _perm._TILE_LAST
+    # Small tiles, so that tiles end inside the array and bands split them.
+    _perm._PARALLEL_BYTES = 0 if threads else saved[0]
+    _perm._TILE, _perm._TILE_LAST = tiles
     try:
-        got = contiguous_transpose(x, tuple(perm))
+        got = contiguous_transpose(x, perm, out=out)
     finally:
-        _perm._PARALLEL_BYTES = saved
-    assert got.flags.c_contiguous
-    np.testing.assert_array_equal(got, np.ascontiguousarray(np.transpose(x, perm)))
+        _perm._PARALLEL_BYTES, _perm._TILE, _perm._TILE_LAST = saved
+    assert got.flags.c_contiguous and (out is None or got is out)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_out_of_another_shape_dtype_or_layout_is_refused():
+    x = np.zeros((2, 3), np.float32)
+    for out in (np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float64),
+                np.zeros((2, 3), np.float32).T):  # fmt: skip
+        with pytest.raises(
+            ValueError, match=r"`out` must be a C-ordered float32 array of shape \(3, 2\)"
+        ):
+            contiguous_transpose(x, (1, 0), out=out)
 
 
 @pytest.mark.parametrize(
