@@ -170,8 +170,9 @@ def contiguous_transpose(
     x: np.ndarray, perm: Perm | None, *, out: np.ndarray | None = None
 ) -> np.ndarray:
     """A C-ordered numpy array holding ``x`` transposed by ``perm`` (``x`` itself,
-    made C-ordered, for ``None``): a new one, or ``out`` filled (a C-ordered
-    array of the transposed shape and ``x``'s dtype, e.g. a buffer kept hot).
+    made C-ordered, for ``None``); or ``out`` filled instead: an array (or a view
+    of one, e.g. a region of a larger array) of the transposed shape and ``x``'s
+    dtype.
 
     A transposing copy done in one sweep reads memory with large strides and
     moves about 1.4 GB/s on a core here; so it moves tiles (:data:`_TILE` by
@@ -188,11 +189,10 @@ def contiguous_transpose(
         if perm is None:
             return np.ascontiguousarray(x)
         out = np.empty(view.shape, view.dtype)
-    elif out.shape != view.shape or out.dtype != view.dtype or not out.flags.c_contiguous:
+    elif out.shape != view.shape or out.dtype != view.dtype:
         raise ValueError(
-            f"`out` must be a C-ordered {view.dtype} array of shape {view.shape}, got a "
-            f"{'C-ordered' if out.flags.c_contiguous else 'strided'} {out.dtype} array "
-            f"of shape {out.shape}."
+            f"`out` must be a {view.dtype} array of shape {view.shape}, got a {out.dtype} "
+            f"array of shape {out.shape}."
         )
     if view.ndim == 0 or out.size == 0:
         out[...] = view

@@ -96,15 +96,22 @@ class Plan:
     def array(self, source: TensorSource, entry: PlanEntry) -> np.ndarray:
         """The output array of ``entry``: read from ``source``, cast, transposed
         into a new C-ordered array (or the source's own array where nothing
-        changes)."""
+        changes); transposed as it is read where the source can."""
+        if entry.perm is not None and source.infos[entry.source].dtype == entry.info.dtype:
+            permuted = source.permuted_array(entry.source, entry.perm)
+            if permuted is not None:
+                return self._converted(source, entry, permuted, transposed=True)
         return self._converted(source, entry, source.array(entry.source))
 
-    def _converted(self, source: TensorSource, entry: PlanEntry, x: np.ndarray) -> np.ndarray:
-        """``x``, the array of ``entry.source``, as ``entry`` wants it."""
+    def _converted(
+        self, source: TensorSource, entry: PlanEntry, x: np.ndarray, *, transposed: bool = False
+    ) -> np.ndarray:
+        """``x``, the array of ``entry.source`` (``transposed`` already), as
+        ``entry`` wants it."""
         dtype = numpy_dtype(entry.info.dtype)
         if x.dtype != dtype:
             x = x.astype(dtype)
-        if entry.perm is not None:
+        if entry.perm is not None and not transposed:
             x = contiguous_transpose(x, entry.perm)
         if tuple(x.shape) != tuple(entry.info.shape):
             raise ValueError(
@@ -169,6 +176,11 @@ class Plan:
 
         def read(i: int) -> np.ndarray:
             entry = entries[i]
+            if not again[i] and not (i and again[i - 1]):  # Its source read for it alone.
+                try:
+                    return self.array(source, entry)
+                finally:
+                    read_done[i].set()
             try:
                 if i and again[i - 1]:  # The entry before reads this source: share it.
                     read_done[i - 1].wait()

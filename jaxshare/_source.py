@@ -94,6 +94,13 @@ class TensorSource(abc.ABC):
         so a writer that streams bytes needs no copy of the whole tensor."""
         yield self.array(name)
 
+    def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
+        """The tensor ``name`` transposed by ``perm`` into one new C-ordered array,
+        made in one pass where the source can (an Orbax item transposes each stored
+        chunk into place); ``None`` where it cannot, and the tensor is read and then
+        transposed."""
+        return None
+
     def permuted_blocks(self, name: str, perm: Perm) -> Iterable[np.ndarray] | None:
         """The tensor ``name`` transposed by ``perm``, in C order as blocks, read a
         block at a time, where the source can (an Orbax item's TensorStore view);

@@ -65,6 +65,9 @@ class CheckpointSource(TensorSource):
     def chunk_shape(self, name: str) -> tuple[int, ...] | None:
         return self._reader.chunk_shape(name)
 
+    def permuted_array(self, name: str, perm: Any) -> np.ndarray | None:
+        return self._reader.read_permuted(name, perm)
+
     def permuted_blocks(self, name: str, perm: Any) -> Any:
         return self._reader.blocks(name, perm)
 
