@@ -19,8 +19,7 @@ Every file and directory jaxshare writes goes through :func:`atomic_output`:
   the same destination removes those whose process is gone.
 
 Large outputs are handed to the disk while they are written, and leave the page
-cache once on it: :class:`WriteBehind` for the files jaxshare writes itself,
-:class:`DropWritten` for those TensorStore writes into an Orbax item.
+cache once on it (:class:`WriteBehind`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import os
 import secrets
 import shutil
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -40,13 +38,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
-    "DropWritten",
     "OutputKind",
     "WriteBehind",
     "atomic_output",
     "check_not_an_input",
     "destination_of",
+    "fsync_dir",
     "remove_path",
+    "write_synced",
 ]
 
 _TMP = ".jaxshare-tmp-"
@@ -305,7 +304,7 @@ def atomic_output(
             remove_path(old)
         else:
             os.rename(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
         done = True
     finally:
         remove_path(tmp)
@@ -413,65 +412,18 @@ class WriteBehind:
         _drop(self._f.fileno(), 0, 0)
 
 
-class DropWritten:
-    """Keeps the files another writer (TensorStore) puts under ``directory`` out
-    of the page cache while it writes them, as :class:`WriteBehind` does for
-    ours: every ``interval`` seconds a thread advises ``POSIX_FADV_DONTNEED`` on
-    each file that grew since its last look, and once more on the look after,
-    which starts the write-back of what is dirty and drops what is on disk.
-    Advice only: the files' contents and their ``fsync`` s are the writer's.
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> with DropWritten(d, interval=0.01):
-    ...     _ = (d / "chunk").write_bytes(b"x" * 4096)
-    >>> (d / "chunk").read_bytes() == b"x" * 4096
-    True
-    """
-
-    def __init__(self, directory: str | os.PathLike, *, interval: float = 0.2) -> None:
-        self._directory = Path(directory)
-        self._interval = interval
-        self._stop = threading.Event()
-        self._seen: dict[str, tuple[int, int]] = {}  # path: (size, looks at that size)
-        self._thread = threading.Thread(target=self._run, name="jaxshare-drop", daemon=True)
-
-    def __enter__(self) -> DropWritten:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._look()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._look()
-
-    def _look(self) -> None:
-        for root, _, names in os.walk(self._directory):
-            for name in names:
-                path = os.path.join(root, name)
-                try:
-                    size = os.stat(path).st_size
-                except OSError:
-                    continue  # (A temp file renamed meanwhile.)
-                last, looks = self._seen.get(path, (-1, 0))
-                looks = looks + 1 if size == last else 1
-                self._seen[path] = (size, looks)
-                if looks > 2 or size == 0:
-                    continue
-                with contextlib.suppress(OSError):
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
-                        _drop(fd, 0, 0)
-                    finally:
-                        os.close(fd)
+def write_synced(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` as the file ``path`` and ``fsync`` s it: a small file of an
+    output, on disk before the output is renamed into place."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    """Makes a rename in ``path`` durable (where the platform allows it)."""
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Makes the names in the directory ``path`` durable (the files created in it, a
+    rename), where the platform allows it."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

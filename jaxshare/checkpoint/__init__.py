@@ -16,7 +16,6 @@ if _typing.TYPE_CHECKING:
     from jaxshare.checkpoint._api import read_alias_map as read_alias_map
     from jaxshare.checkpoint._api import restore as restore
     from jaxshare.checkpoint._api import save as save
-    from jaxshare.checkpoint._api import write_item as write_item
     from jaxshare.checkpoint._consolidate import consolidate as consolidate
     from jaxshare.checkpoint._consolidate import (
         consolidate_to_safetensors as consolidate_to_safetensors,
@@ -27,14 +26,16 @@ if _typing.TYPE_CHECKING:
     from jaxshare.checkpoint._inspect import inspect as inspect
     from jaxshare.checkpoint._source import CheckpointSource as CheckpointSource
     from jaxshare.checkpoint._source import open_source as open_source
+    from jaxshare.checkpoint._stream import write_item as write_item
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare.checkpoint._api": ["read_alias_map", "restore", "save", "write_item"],
+        "jaxshare.checkpoint._api": ["read_alias_map", "restore", "save"],
         "jaxshare.checkpoint._consolidate": ["consolidate", "consolidate_to_safetensors"],
         "jaxshare.checkpoint._handler": ["SharedCheckpointHandler", "SharedRestore", "SharedSave"],
         "jaxshare.checkpoint._inspect": ["inspect"],
         "jaxshare.checkpoint._source": ["CheckpointSource", "open_source"],
+        "jaxshare.checkpoint._stream": ["write_item"],
     },
 )

@@ -16,19 +16,12 @@ from jax.experimental import multihost_utils
 
 from jaxshare._alias import AliasMap
 from jaxshare._output import atomic_output, remove_path
-from jaxshare._plan import Plan
-from jaxshare._progress import ProgressFn
-from jaxshare._source import TensorSource
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
-from jaxshare.checkpoint._stream import StreamedItem
 from jaxshare.formats import find_item
 from jaxshare.internal import ITEM
 
-__all__ = ["COMPRESSIONS", "read_alias_map", "restore", "save", "write_item"]
-
-#: How :func:`write_item` may store an item's chunks.
-COMPRESSIONS = ("zstd", "none")
+__all__ = ["read_alias_map", "restore", "save"]
 
 
 def save(
@@ -145,70 +138,3 @@ def read_alias_map(directory: str | os.PathLike) -> AliasMap:
       ValueError: the file is not a valid alias map (message names the file).
     """
     return read_alias_map_file(find_item(directory))
-
-
-def write_item(
-    directory: str | os.PathLike,
-    plan: Plan,
-    source: TensorSource,
-    /,
-    *,
-    force: bool = False,
-    inputs: Iterable[str | os.PathLike] = (),
-    progress: ProgressFn | None = None,
-    assets: Mapping[str, str | os.PathLike | bytes] | None = None,
-    manifest: bool = False,
-    compression: str = "zstd",
-) -> None:
-    """Writes the outputs of ``plan`` (Flax paths), read from ``source``, as an item
-    with the plan's alias map (and naming record), streaming; ``assets`` as for
-    :func:`save` (default: the source's own, e.g. a Hugging Face directory's
-    ``config.json`` and tokenizer files). With ``manifest``, each array is hashed
-    as it is written and the hashes are committed with the item
-    (``jaxshare_manifest.json``, see :func:`bridge.verify`).
-
-    ``compression`` is how the chunks are stored: ``"zstd"`` (Orbax's default,
-    level 1) or ``"none"``. Weights compress little (random-like float32 by about
-    8%) and zstd costs far more CPU than the disk's write of the same bytes
-    (``benchmarks/README.md``: on two cores, an item of 1 GB takes about twice as
-    long to write compressed), so ``"none"`` is the one that runs at the disk's
-    speed; Orbax and TensorStore read both.
-
-    The model is never held: each array is read (cast and transposed as the plan
-    says) while the ones before it are written, so memory holds about two of
-    the largest array (:meth:`jaxshare.stream.Plan.arrays`). The item is the one
-    :func:`save` writes for the same arrays (``jax.Array`` s, 8-byte ones as
-    numpy arrays): an ordinary Orbax checkpoint of the unique tree plus the
-    alias map, written atomically. In a multi-process job every process calls
-    it; only the primary one reads ``source``.
-
-    Raises:
-      as :func:`save`.
-
-    >>> import tempfile
-    >>> from jaxshare.stream import Plan
-    >>> from jaxshare.formats import SafetensorsFile
-    >>> from safetensors.numpy import save_file
-    >>> d = tempfile.mkdtemp()
-    >>> save_file({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, d + "/in.safetensors")
-    >>> with SafetensorsFile(d + "/in.safetensors") as source:
-    ...     write_item(d + "/ckpt", Plan.identity(source), source)
-    >>> restore(d + "/ckpt")["w"].tolist()
-    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
-    """
-    if compression not in COMPRESSIONS:
-        raise ValueError(
-            f"`compression` must be one of {', '.join(map(repr, COMPRESSIONS))}, "
-            f"got {compression!r}."
-        )
-    item = StreamedItem(plan, source, progress, manifest, compression)
-    save(
-        directory,
-        item,
-        force=force,
-        inputs=inputs,
-        assets=source.assets if assets is None else assets,
-    )
-    for entry in plan.entries:  # Zero-size arrays are recorded, not written.
-        if 0 in entry.info.shape:
-            item.report(entry)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import mmap
@@ -506,7 +507,7 @@ class DirectArray:
             range(start // c, -(-stop // c)) if stop > start else range(0)
             for (start, stop), c in zip(bounds, chunks, strict=True)
         ]
-        for grid in _product(ranges):
+        for grid in itertools.product(*ranges):
             inside, at = [], []
             for g, c, (start, stop) in zip(grid, chunks, bounds, strict=True):
                 lo, hi = max(g * c, start), min((g + 1) * c, stop)
@@ -671,16 +672,6 @@ def _bounds(region: Sequence[slice] | None, shape: tuple[int, ...]) -> list[tupl
 def _index(slices: Iterable[slice]) -> tuple[Any, ...]:
     """``slices`` as an index that gives a view even of a 0-d array."""
     return (*slices, Ellipsis)
-
-
-def _product(ranges: Sequence[range]) -> Iterator[tuple[int, ...]]:
-    """Every tuple of one value from each range, the last axis varying fastest."""
-    if not ranges:
-        yield ()
-        return
-    for first in ranges[0]:
-        for rest in _product(ranges[1:]):
-            yield (first, *rest)
 
 
 def _read_fully(reader: Any, target: np.ndarray, where: str) -> None:

@@ -26,10 +26,9 @@ from jaxshare.checkpoint._agree import check_same_on_all_processes
 from jaxshare.checkpoint._empty import split_empty
 from jaxshare.checkpoint._item import open_item
 from jaxshare.checkpoint._nested import expand
-from jaxshare.checkpoint._read import CHUNK_BYTES
 from jaxshare.checkpoint._restore import restore_item
-from jaxshare.checkpoint._stream import StreamedItem
-from jaxshare.formats import ALIAS_MAP_FILE, EMPTY_ARRAYS_KEY, MANIFEST_FILE, NAMING_FILE
+from jaxshare.checkpoint._stream import CHUNK_BYTES, alias_files
+from jaxshare.formats import EMPTY_ARRAYS_KEY
 from jaxshare.internal import asset_files
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
@@ -112,14 +111,8 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
                 f"SharedCheckpointHandler saves `SharedSave(item)`, got {type(args).__name__}."
             )
         where = _final_path(directory)
-        if isinstance(args.item, StreamedItem):  # `write_item`: arrays made as they are written.
-            alias_map = args.item.alias_map
-            stored, empty = args.item.split()
-            writer = args.item.handler(multiprocessing_options=self._multiprocessing_options)
-        else:
-            unique, alias_map = _split(args.item)
-            stored, empty = split_empty(unique)
-            writer = self._standard
+        unique, alias_map = _split(args.item)
+        stored, empty = split_empty(unique)
         check_same_on_all_processes(alias_map, where=where)
         if not jax.tree_util.tree_leaves(stored):
             raise ValueError(
@@ -129,19 +122,9 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
         custom = {EMPTY_ARRAYS_KEY: {p: e.to_json() for p, e in empty.items()}} if empty else None
         # Chunked storage lets `consolidate` read a large array a block at a time.
         chunked = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), stored)
-        orbax_args: ocp.args.CheckpointArgs
-        if writer is self._standard:
-            orbax_args = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
-        else:
-            orbax_args = ocp.args.PyTreeSave(stored, save_args=chunked, custom_metadata=custom)
-        files: dict[str, str | bytes] = {ALIAS_MAP_FILE: alias_map.to_json(indent=1)}
-        if alias_map.naming is not None:
-            files[NAMING_FILE] = alias_map.naming.to_json(indent=1)
-        files.update(asset_files(args.assets))
-        if isinstance(args.item, StreamedItem) and args.item.manifest:
-            # Made once the arrays are written (and hashed), before the commit.
-            files[MANIFEST_FILE] = args.item.manifest_json  # type: ignore[assignment]
-        return writer, orbax_args, files
+        orbax_args = ocp.args.StandardSave(stored, save_args=chunked, custom_metadata=custom)
+        files = {**alias_files(alias_map), **asset_files(args.assets)}
+        return self._standard, orbax_args, files
 
     async def _write_alias_map(self, directory: epath.Path, files: dict[str, str | bytes]) -> None:
         # A commit future: runs once Orbax has created `directory` (the temporary one).
@@ -183,8 +166,6 @@ def write_alias_map(directory: epath.Path, files: dict[str, str | bytes]) -> Non
     for name, data in files.items():
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if callable(data):  # (The manifest: known once the arrays are written.)
-            data = data()
         if isinstance(data, bytes):
             path.write_bytes(data)
         else:

@@ -24,10 +24,8 @@ from jaxshare._perm import Perm
 from jaxshare.checkpoint._chunks import ChunkStore, DirectArray, empty_array
 from jaxshare.checkpoint._item import StoredItem, array_spec, is_ocdbt, read_context
 
-__all__ = ["BLOCK_BYTES", "CHUNK_BYTES", "LeafReader"]
+__all__ = ["BLOCK_BYTES", "LeafReader"]
 
-#: Storage chunk size that ``save`` asks Orbax for.
-CHUNK_BYTES = 16 * 2**20
 #: Size of the blocks :meth:`LeafReader.blocks` yields.
 BLOCK_BYTES = 16 * 2**20
 

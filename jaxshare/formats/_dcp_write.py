@@ -28,7 +28,6 @@ nothing here imports torch to name them.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import struct
@@ -43,7 +42,7 @@ from typing import BinaryIO
 import numpy as np
 
 from jaxshare._mapped import write_array
-from jaxshare._output import OutputKind, WriteBehind, atomic_output
+from jaxshare._output import OutputKind, WriteBehind, atomic_output, fsync_dir, write_synced
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._plan import Plan, PlanEntry
 from jaxshare._progress import ProgressFn
@@ -706,19 +705,6 @@ def write_dcp(
         if plan.alias_map.naming is not None:
             files[NAMING_FILE] = plan.alias_map.naming.to_json(indent=1).encode()
         for name, data in files.items():
-            with open(tmp / name, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-        _fsync_dir(tmp)
+            write_synced(tmp / name, data)
+        fsync_dir(tmp)
     return Path(directory)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Makes the files' names in ``path`` durable before it is renamed."""
-    with contextlib.suppress(OSError):  # Some file systems cannot fsync a directory.
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

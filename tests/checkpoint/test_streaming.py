@@ -180,37 +180,27 @@ def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path, flat
     assert flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
 
 
-def test_large_arrays_are_written_in_blocks_of_whole_chunks(
+def test_arrays_are_stored_in_chunks_of_whole_rows_written_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jaxshare.checkpoint import _handler, _stream
+    from jaxshare.checkpoint import _stream
+    from jaxshare.checkpoint._chunks import ChunkStore
 
-    monkeypatch.setattr(_handler, "CHUNK_BYTES", 4 * 2**10)  # Rows of 256 float32: 1 KiB.
-    monkeypatch.setattr(_stream, "WRITE_BLOCK_BYTES", 10 * 2**10)
-    writes: list[tuple[int, int]] = []
-    real_write = _stream.ts.TensorStore.write
-
-    def spy(store: Any, source: Any, **kwargs: Any) -> Any:
-        if store.rank == 2:  # The array's writes (Orbax writes others too).
-            writes.append((store.domain[0].inclusive_min, store.domain[0].exclusive_max))
-        return real_write(store, source, **kwargs)
-
-    monkeypatch.setattr(_stream.ts.TensorStore, "write", spy)
-    source = CountingSource({"params/w": (37, 256)})
-    plan = Plan.identity(source)
-    jc.write_item(tmp_path / "streamed", plan, source)
-    streamed = list(writes)  # Not `save`'s.
-    jc.save(tmp_path / "saved", {"params": {"w": jnp.zeros((37, 256))}})
-    chunks = [
-        ocp.StandardCheckpointHandler().metadata(tmp_path / d).tree["params"]["w"].storage
-        for d in ("streamed", "saved")
-    ]
-    assert chunks[0].chunk_shape == chunks[1].chunk_shape  # Chunked as `save` chunks it.
-    rows = chunks[0].chunk_shape[0] * (10 * 2**10 // (chunks[0].chunk_shape[0] * 1024))
-    # Blocks of whole chunks, under 10 KiB, in order, each written after the one before.
-    assert streamed == [(start, min(start + rows, 37)) for start in range(0, 37, rows)]
-    assert len(streamed) > 1
-    assert np.array_equal(jc.restore(tmp_path / "streamed")["params"]["w"], np.zeros((37, 256)))
+    monkeypatch.setattr(_stream, "CHUNK_BYTES", 4 * 2**10)  # Rows of 256 float32: 1 KiB.
+    source = CountingSource({"params/w": (37, 256), "params/b": (256,)})
+    jc.write_item(tmp_path / "ckpt", Plan.identity(source), source, compression="none")
+    meta = ocp.StandardCheckpointHandler().metadata(tmp_path / "ckpt").tree["params"]
+    assert meta["w"].storage.chunk_shape == (4, 256)  # 4 whole rows: 4 KiB.
+    assert meta["b"].storage.chunk_shape == (256,)
+    store = ChunkStore(tmp_path / "ckpt", use_ocdbt=True)
+    chunks = [store.get(f"params.w/{k}.0") for k in range(10)]
+    assert all(c is not None and c.file == chunks[0].file for c in chunks)  # type: ignore[union-attr]
+    # One run of the file, in the array's order; the last chunk padded to 4 rows.
+    assert [c.offset for c in chunks] == [chunks[0].offset + k * 4096 for k in range(10)]  # type: ignore[union-attr]
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "ckpt")
+    assert np.array_equal(
+        restored["params"]["w"], np.full((37, 256), source.reads.index("params/w"))
+    )
 
 
 def test_write_item_reports_each_array_once(torch_file: Path, tmp_path: Path) -> None:
@@ -244,20 +234,20 @@ def test_a_failed_read_leaves_no_item_and_keeps_the_old_one(tmp_path: Path, flat
 def test_a_failed_write_stops_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from jaxshare.checkpoint import _stream
 
-    write = _stream._LeafHandler.write_array
+    append = _stream._DataFiles.append
     calls: list[int] = []
 
-    async def full_disk(self: Any, array: np.ndarray, info: Any, arg: Any) -> None:
+    def full_disk(self: Any, data: np.ndarray) -> Any:
         calls.append(1)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        await write(self, array, info, arg)
+        return append(self, data)
 
-    monkeypatch.setattr(_stream._LeafHandler, "write_array", full_disk)
+    monkeypatch.setattr(_stream._DataFiles, "append", full_disk)
     source = CountingSource(_many(40, rows=64))
     plan = Plan.identity(source)
-    with pytest.raises(Exception, match="No space left"):
-        jc.write_item(tmp_path / "ckpt", plan, source)
+    with pytest.raises(OSError, match="No space left"):  # (Raw: no chunk small enough to inline.)
+        jc.write_item(tmp_path / "ckpt", plan, source, compression="none")
     assert list(tmp_path.iterdir()) == []
     assert len(source.reads) < len(plan.entries)  # Stopped early, not at the end.
 

@@ -1,5 +1,5 @@
-"""Outputs handed to the disk as they are written: ``WriteBehind``, ``DropWritten``
-and ``write_array`` keep every byte, and leave the written pages out of the page
+"""Outputs handed to the disk as they are written: ``WriteBehind`` and
+``write_array`` keep every byte, and leave the written pages out of the page
 cache (checked with ``mincore``, the kernel's own record of what is resident)."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import ctypes
 import mmap
 import os
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from jaxshare import _output
 from jaxshare._mapped import map_file, write_array
-from jaxshare._output import DropWritten, WriteBehind
+from jaxshare._output import WriteBehind
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux page cache")
 
@@ -78,33 +77,6 @@ def test_a_file_written_behind_leaves_the_page_cache(tmp_path):
     assert before <= pages * (4 * 4) // 32, before
     assert resident_pages(path) <= pages // 100
     assert path.read_bytes() == block * 32
-
-
-@linux
-def test_files_another_writer_puts_in_a_directory_leave_the_page_cache(tmp_path):
-    data = os.urandom(4 << 20)
-    with DropWritten(tmp_path, interval=0.01):
-        for k in range(4):
-            sub = tmp_path / f"d{k % 2}"
-            sub.mkdir(exist_ok=True)
-            with open(sub / f"f{k}", "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-    files = sorted(tmp_path.rglob("f*"))
-    assert len(files) == 4
-    assert all(resident_pages(p) <= 8 for p in files), [resident_pages(p) for p in files]
-    assert all(p.read_bytes() == data for p in files)
-
-
-def test_drop_written_stops_its_thread_and_tolerates_files_that_vanish(tmp_path):
-    (tmp_path / "gone").write_bytes(b"x")
-    before = threading.active_count()
-    with DropWritten(tmp_path, interval=0.001):
-        (tmp_path / "gone").unlink()
-        (tmp_path / "kept").write_bytes(b"y")
-    assert threading.active_count() == before
-    assert (tmp_path / "kept").read_bytes() == b"y"
 
 
 @settings(max_examples=40, deadline=None)
