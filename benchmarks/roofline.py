@@ -8,7 +8,9 @@ The machine's limits, measured on the same disk and cores as the routes:
   (the source warm, so this is the write);
 - **transpose** and **cast**: every 2-D float32 tensor of the model's shapes
   transposed into a contiguous copy (and cast to bfloat16), the best of numpy on
-  threads (output rows split over the cores) and XLA (``jax.jit``).
+  threads (output rows split over the cores), jaxshare's tiled copy into buffers
+  kept hot, and XLA (``jax.jit``);
+- **zstd**: level 1 (Orbax's) compressing and decoding, every core at once.
 
 Then each route runs as a user runs it, ``jaxshare convert SRC DST`` in a fresh
 process (start-up and imports included), cold and warm (its inputs' pages
@@ -31,17 +33,22 @@ Orbax raw -> safetensors,      the item written by the route above, ``--names to
 torch
 =============================  =============================================
 
-A route's **limit** is the slowest stage a perfect pipeline cannot avoid: the max
-of reading its input, writing + fsyncing its output, and (where its plan
-transposes or casts) transposing those bytes; its **ratio** is its time over that
-limit (goals, from issue 22: <= 1.25x without transposes, <= 1.5x with them).
+A route's **limit** is the slowest stage a perfect pipeline cannot avoid, its
+**ratio** its time over that limit (goals, from issue 22: <= 1.25x where the cores
+have no work, <= 1.5x where they transpose or run zstd). Two limits are printed:
 
-``cat`` and ``cp`` are what the issue names, but not what the device can do:
-``cp`` leaves the disk idle until the ``fsync`` and fills the page cache with the
-copy. So the device is measured too, driven for speed -- read with four 16 MiB
-``preadv`` s in flight, written with ``dd oflag=direct`` or handed to the disk as
-it is written (``sync_file_range``, its pages dropped once on disk), the faster --
-and the **device** column is each route's time over the limit those give.
+- **issue**: as issue 22 defines it, the max of reading the input with ``cat``,
+  writing + fsyncing the output with ``cp`` and transposing what the plan
+  transposes (the fastest transpose measured);
+- **limit** (the verdict's): the machine's own, the max of reading the input and
+  writing + fsyncing the output the fastest way measured -- ``cat`` and ``cp``, or
+  the device driven for speed: read with four 16 MiB ``preadv`` s in flight,
+  written with ``dd oflag=direct`` or handed to the disk as it is written
+  (``sync_file_range``, its pages dropped once on disk); ``cp`` leaves the disk
+  idle until the ``fsync`` and fills the page cache with the copy -- and of the
+  cores' work: the transposes plus zstd at Orbax's level, compressing an item's
+  chunks or decoding them (both share the cores, so their times add; measured
+  on every core at once, on 16 MiB chunks of random normal float32).
 
 The model is GPT-2-XL-shaped -- width 1600, vocabulary 50257, 12 x 1600^2 weights
 per block -- in Hugging Face Llama names and Linear layouts (``q/k/v/o_proj`` 1600 x
@@ -70,6 +77,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import stream_convert
@@ -236,14 +244,56 @@ def compute_child(shapes_json: str) -> None:
             best = min(best, time.perf_counter() - start)
         return best
 
+    from jaxshare._perm import contiguous_transpose
+
+    hot = {s: np.zeros(s[::-1], np.float32) for s in set(shapes)}  # Buffers kept hot.
+
+    def tiled_transpose(x):  # jaxshare's: tiles that stay in cache, on threads
+        return contiguous_transpose(x, (1, 0), out=hot[x.shape])
+
     out = {
         "transpose_numpy": total(numpy_transpose),
+        "transpose_tiles": total(tiled_transpose),
         "transpose_xla": total(via_xla(xla_t)),
         "cast_numpy": total(numpy_cast),
         "cast_xla": total(via_xla(xla_c)),
         "bytes": sum(4 * math.prod(s) for s in shapes),
+        **zstd_seconds(pool, rng),
     }
     print(json.dumps(out))
+
+
+def zstd_seconds(pool, rng) -> dict:
+    """The cores' zstd throughput at Orbax's level (1), compressing and decoding
+    16 MiB chunks of the model's kind of values (random normal float32) on every
+    core at once, seconds per byte."""
+    import numpy as np
+    import zstandard
+
+    chunks = [(rng.standard_normal(4 << 20) * 0.02).astype(np.float32).tobytes()
+              for _ in range(8)]  # fmt: skip
+    local = threading.local()
+
+    def compress(raw):
+        c = getattr(local, "c", None) or zstandard.ZstdCompressor(level=1)
+        local.c = c
+        return c.compress(raw)
+
+    def decompress(frame):
+        out = bytearray(16 << 20)
+        with zstandard.ZstdDecompressor().stream_reader(frame) as reader:
+            reader.readinto(out)
+        return out
+
+    frames = list(pool.map(compress, chunks))
+    best = {"compress": math.inf, "decompress": math.inf}
+    for _ in range(3):
+        for kind, fn, items in (("compress", compress, chunks), ("decompress", decompress, frames)):
+            start = time.perf_counter()
+            list(pool.map(fn, items))
+            best[kind] = min(best[kind], time.perf_counter() - start)
+    nbytes = sum(len(c) for c in chunks)
+    return {f"zstd_{k}_per_byte": v / nbytes for k, v in best.items()}
 
 
 def compute_seconds(shapes: list[tuple[int, ...]]) -> dict:
@@ -358,30 +408,71 @@ def transposed_bytes(src: Path, names: str | None, to_flax: bool) -> int:
 
 # --- the run -----------------------------------------------------------------------
 
-# name: (input kind, output name, extra args, plan: to_flax / torch names / none)
+# name: (input kind, output name, extra args, plan: to_flax / torch names / none,
+#        zstd work: compressing the output item / decoding the input item / none)
 ROUTES = {
-    "safetensors -> Orbax": ("model", "ckpt", [], "flax"),
-    "HF directory -> Orbax": ("hf", "ckpt_hf", [], "flax"),
-    "Orbax -> safetensors": ("ckpt", "out.safetensors", [], None),
-    "Orbax -> safetensors, torch names": ("ckpt", "out.safetensors", ["--names", "torch"], "torch"),
-    "Orbax -> HF directory": ("ckpt_hf", "out_hf", ["--format", "hf"], "torch"),
-    "DeepSpeed -> safetensors": ("deepspeed", "out.safetensors", [], None),
-    "PyTorch file -> Orbax": ("pt", "ckpt_pt", [], "flax"),
+    "safetensors -> Orbax": ("model", "ckpt", [], "flax", "compress"),
+    "HF directory -> Orbax": ("hf", "ckpt_hf", [], "flax", "compress"),
+    "Orbax -> safetensors": ("ckpt", "out.safetensors", [], None, "decompress"),
+    "Orbax -> safetensors, torch names": (
+        "ckpt", "out.safetensors", ["--names", "torch"], "torch", "decompress",
+    ),
+    "Orbax -> HF directory": ("ckpt_hf", "out_hf", ["--format", "hf"], "torch", "decompress"),
+    "DeepSpeed -> safetensors": ("deepspeed", "out.safetensors", [], None, None),
+    "PyTorch file -> Orbax": ("pt", "ckpt_pt", [], "flax", "compress"),
     "DCP -> Orbax": (
-        "dcp",
-        "ckpt_dcp",
-        ["--tie", "lm_head.weight=model.embed_tokens.weight"],
-        "flax",
+        "dcp", "ckpt_dcp", ["--tie", "lm_head.weight=model.embed_tokens.weight"], "flax",
+        "compress",
     ),
-    # The same item routes with the chunks stored raw: zstd's CPU out of the way.
-    "safetensors -> Orbax, raw": ("model", "ckpt_raw", ["--compression", "none"], "flax"),
+    # The same item routes with the chunks stored raw: no zstd.
+    "safetensors -> Orbax, raw": ("model", "ckpt_raw", ["--compression", "none"], "flax", None),
     "Orbax raw -> safetensors, torch": (
-        "ckpt_raw",
-        "out.safetensors",
-        ["--names", "torch"],
-        "torch",
+        "ckpt_raw", "out.safetensors", ["--names", "torch"], "torch", None,
     ),
-}
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine's limits, as measured in this run (bytes per second; zstd in
+    seconds per byte, every core at work)."""
+
+    cat: dict  # read by `cat`, cold and warm
+    cp: float  # write + fsync by `cp`
+    read: dict  # read, the faster of `cat` and the device driven for speed
+    write: float  # write + fsync, the faster of `cp` and the device driven for speed
+    transpose: float  # the fastest transposing copy measured
+    zstd: dict  # {"compress": s/B, "decompress": s/B}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    state: str
+    seconds: float
+    nin: int
+    nout: int
+    moved: int  # bytes transposed
+    codec: str | None  # zstd work: "compress", "decompress" or none
+    issue: dict  # the issue's stages: cat, cp, transpose
+    machine: dict  # the machine's: best read, best write, the cores' work (transposes + zstd)
+    load: float
+
+    @property
+    def cpu(self) -> bool:
+        return bool(self.moved or self.codec)
+
+
+def stages(machine: Machine, state: str, nin: int, nout: int, moved: int, codec: str | None):
+    """The issue's stages (``cat``, ``cp``, transposes) and the machine's (the best
+    read and write measured, and the cores' work: transposes plus zstd, which
+    share the cores, so their times add), in seconds."""
+    transpose = moved / machine.transpose
+    issue = {"read": nin / machine.cat[state], "write": nout / machine.cp, "cpu": transpose}
+    zstd = 0.0 if codec is None else max(nin, nout) * machine.zstd[codec]
+    best = {"read": nin / machine.read[state], "write": nout / machine.write,
+            "cpu": transpose + zstd}  # fmt: skip
+    return issue, best
 
 
 def main() -> None:
@@ -421,29 +512,35 @@ def main() -> None:
         two_d = [s for _, s in specs if len(s) == 2]
         compute = compute_seconds(two_d)
         loads.append(os.getloadavg()[0])
-        read_bw = {"cold": size / cold, "warm": size / hot}
-        write_bw = size / write
-        # The device, driven as well as we know: never slower than cat and cp.
-        dev_bw = {"read": size / min(cold, dev_read), "write": size / min(write, dev_write)}
-        t_bw = compute["bytes"] / min(compute["transpose_numpy"], compute["transpose_xla"])
+        transposes = {k: compute["bytes"] / compute[f"transpose_{k}"]
+                      for k in ("numpy", "tiles", "xla")}  # fmt: skip
+        machine = Machine(
+            cat={"cold": size / cold, "warm": size / hot},
+            cp=size / write,
+            read={"cold": size / min(cold, dev_read), "warm": size / hot},
+            write=size / min(write, dev_write),
+            transpose=max(transposes.values()),
+            zstd={"compress": compute["zstd_compress_per_byte"],
+                  "decompress": compute["zstd_decompress_per_byte"]},
+        )  # fmt: skip
         c_bw = compute["bytes"] / min(compute["cast_numpy"], compute["cast_xla"])
-        print(f"\nread (cat): cold {read_bw['cold'] / GB:.2f} GB/s, "
-              f"warm {read_bw['warm'] / GB:.2f} GB/s; "
-              f"write + fsync (cp): {write_bw / GB:.2f} GB/s", flush=True)  # fmt: skip
+        print(f"\nread (cat): cold {machine.cat['cold'] / GB:.2f} GB/s, "
+              f"warm {machine.cat['warm'] / GB:.2f} GB/s; "
+              f"write + fsync (cp): {machine.cp / GB:.2f} GB/s", flush=True)  # fmt: skip
         print(f"the device, driven for speed: read cold (4 x 16 MiB preadv in flight) "
               f"{size / dev_read / GB:.2f} GB/s; write + fsync (dd oflag=direct, or written "
               f"behind) {size / dev_write / GB:.2f} GB/s", flush=True)  # fmt: skip
-        print(f"transpose: numpy threads {compute['bytes'] / compute['transpose_numpy'] / GB:.2f}, "
-              f"XLA {compute['bytes'] / compute['transpose_xla'] / GB:.2f} GB/s; cast to bf16: "
-              f"numpy threads {compute['bytes'] / compute['cast_numpy'] / GB:.2f}, "
-              f"XLA {compute['bytes'] / compute['cast_xla'] / GB:.2f} GB/s "
-              f"(load {loads[-1]:.1f})\n", flush=True)  # fmt: skip
+        print("transpose: " + ", ".join(f"{k} {v / GB:.2f}" for k, v in transposes.items())
+              + f" GB/s; zstd level 1 on {os.cpu_count()} cores: compress "
+              f"{1 / machine.zstd['compress'] / GB:.2f}, decode "
+              f"{1 / machine.zstd['decompress'] / GB:.2f} GB/s; cast to bf16: "
+              f"{c_bw / GB:.2f} GB/s (load {loads[-1]:.1f})\n", flush=True)  # fmt: skip
         inputs = {"model": model}
         rows = []
         routes = {n: r for n, r in ROUTES.items() if not args.routes or n in args.routes}
         read_later = {kind for kind, *_ in routes.values()}  # Outputs kept for later routes.
         last_reader = {kind: name for name, (kind, *_) in routes.items()}
-        for name, (kind, out, extra, plan) in routes.items():
+        for name, (kind, out, extra, plan, codec) in routes.items():
             if kind not in inputs:
                 inputs[kind] = make_input(kind, root, model, config)
             src = inputs[kind]
@@ -455,19 +552,9 @@ def main() -> None:
                 drop_cache(src) if state == "cold" else warm(src)
                 seconds = convert([str(src), str(dst), "--quiet", *extra])
                 nbytes_out = size_of(dst)
-                limit = {
-                    "read": nbytes_in / read_bw[state],
-                    "write + fsync": nbytes_out / write_bw,
-                    "transpose": moved / t_bw,
-                }
-                bound = max(limit, key=limit.__getitem__)
-                device = max(
-                    nbytes_in / (dev_bw["read"] if state == "cold" else read_bw["warm"]),
-                    nbytes_out / dev_bw["write"],
-                    moved / t_bw,
-                )
-                rows.append((name, state, seconds, nbytes_in, nbytes_out, moved, limit, bound,
-                             device, os.getloadavg()[0]))  # fmt: skip
+                issue, best = stages(machine, state, nbytes_in, nbytes_out, moved, codec)
+                rows.append(Row(name, state, seconds, nbytes_in, nbytes_out, moved, codec,
+                                issue, best, os.getloadavg()[0]))  # fmt: skip
                 print(format_row(rows[-1]), flush=True)
             # Keep the outputs later routes read; remove each input after its last reader.
             if out in read_later:
@@ -476,31 +563,37 @@ def main() -> None:
                 remove(dst)
             if kind != "model" and last_reader[kind] == name:
                 remove(inputs.pop(kind))
-        print(f"\ncast to bf16 (not on these routes; for --dtype): {c_bw / GB:.2f} GB/s. "
-              f"Goals: <= {GOAL_PLAIN}x the limit without transposes, <= {GOAL_TRANSPOSED}x "
-              "with them. time: the whole `jaxshare convert` process.")  # fmt: skip
+        met = sum(verdict(r) == "met" for r in rows)
+        print(f"\n{met} of {len(rows)} met. Goals: <= {GOAL_PLAIN}x the machine's limit where "
+              f"the cores have no work, <= {GOAL_TRANSPOSED}x where they transpose or run zstd. "
+              "time: the whole `jaxshare convert` process.")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 HEAD = (f"{'route':34} {'cache':5} {'time s':>7} {'GB in':>6} {'GB out':>6} {'GB/s':>5} "
-        f"{'T GB':>5} {'limit s':>7} {'bound':13} {'ratio':>6}  {'device':>6}  {'load':>4}  "
-        "verdict")  # fmt: skip
+        f"{'T GB':>5} {'zstd':>10}  {'issue':>6}  {'limit s':>7} {'bound':5} {'ratio':>6}  "
+        f"{'load':>4}  verdict")  # fmt: skip
 
 
-def format_row(row) -> str:
-    name, state, seconds, nin, nout, moved, limit, bound, device, load = row
-    lim = limit[bound]
-    ratio = seconds / lim
-    goal = GOAL_TRANSPOSED if moved else GOAL_PLAIN
-    verdict = "met" if ratio <= goal else f"MISSED (goal {goal}x)"
+def verdict(row: Row) -> str:
+    goal = GOAL_TRANSPOSED if row.cpu else GOAL_PLAIN
+    ratio = row.seconds / max(row.machine.values())
+    return "met" if ratio <= goal else f"MISSED (goal {goal}x)"
+
+
+def format_row(row: Row) -> str:
     if format_row.first:
         print(HEAD)
         print("-" * len(HEAD))
         format_row.first = False
-    return (f"{name:34} {state:5} {seconds:7.2f} {nin / GB:6.2f} {nout / GB:6.2f} "
-            f"{max(nin, nout) / seconds / GB:5.2f} {moved / GB:5.2f} {lim:7.2f} {bound:13} "
-            f"{ratio:5.2f}x  {seconds / device:5.2f}x  {load:4.1f}  {verdict}")  # fmt: skip
+    bound = max(row.machine, key=row.machine.__getitem__)
+    limit = row.machine[bound]
+    issue = row.seconds / max(row.issue.values())
+    return (f"{row.name:34} {row.state:5} {row.seconds:7.2f} {row.nin / GB:6.2f} "
+            f"{row.nout / GB:6.2f} {max(row.nin, row.nout) / row.seconds / GB:5.2f} "
+            f"{row.moved / GB:5.2f} {row.codec or '-':>10}  {issue:5.2f}x  {limit:7.2f} "
+            f"{bound:5} {row.seconds / limit:5.2f}x  {row.load:4.1f}  {verdict(row)}")  # fmt: skip
 
 
 format_row.first = True  # type: ignore[attr-defined]

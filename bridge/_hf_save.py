@@ -70,6 +70,8 @@ def _source_of(
     :func:`bridge.to_torch` -- by its naming record, else by ``layout(tree)`` when it
     is the transformers-flax layout, else after ``like()``, the config's meta model
     -- and read as that state dict."""
+    if isinstance(what, (str, os.PathLike, TensorSource)):  # (Read as it is: no JAX.)
+        return open_source(what, rules, arg="source_or_tree")
     from jaxshare import Tied  # (JAX: a tree of arrays.)
 
     flax_tree = isinstance(what, Tied) or is_nnx_module(what)
