@@ -45,10 +45,13 @@ have no work, <= 1.5x where they transpose or run zstd). Two limits are printed:
   the device driven for speed: read with four 16 MiB ``preadv`` s in flight,
   written with ``dd oflag=direct`` or handed to the disk as it is written
   (``sync_file_range``, its pages dropped once on disk); ``cp`` leaves the disk
-  idle until the ``fsync`` and fills the page cache with the copy -- and of the
-  cores' work: the transposes plus zstd at Orbax's level, compressing an item's
-  chunks or decoding them (both share the cores, so their times add; measured
-  on every core at once, on 16 MiB chunks of random normal float32).
+  idle until the ``fsync`` and fills the page cache with the copy -- of, from a
+  cold input, moving the input's and the output's bytes as a cold copy moves them
+  (the disk's reads and writes share its bandwidth: a cold copy takes about as long
+  as its read and its write one after the other), and of the cores' work: the
+  transposes plus zstd at Orbax's level, compressing an item's chunks or decoding
+  them (both share the cores, so their times add; measured on every core at once,
+  on 16 MiB chunks of random normal float32).
 
 The model is GPT-2-XL-shaped -- width 1600, vocabulary 50257, 12 x 1600^2 weights
 per block -- in Hugging Face Llama names and Linear layouts (``q/k/v/o_proj`` 1600 x
@@ -70,6 +73,7 @@ import argparse
 import ctypes
 import json
 import math
+import mmap
 import os
 import shutil
 import subprocess
@@ -194,6 +198,69 @@ def device_write_seconds(src: Path, dst: Path) -> float:
     behind = time.perf_counter() - start
     dst.unlink()
     return min(direct, behind)
+
+
+def cold_copy_seconds(src: Path, dst: Path) -> float:
+    """The same bytes copied from a cold source, the faster of ``cp`` + ``fsync`` and
+    the device driven for speed: four 16 MiB ``O_DIRECT`` reads in flight, each
+    block written (``O_DIRECT``) as it comes. A route from a cold input reads and
+    writes one disk, whose reads and writes share its bandwidth: here a cold copy
+    takes about as long as the read and the write one after the other."""
+    drop_cache(src)
+    start = time.perf_counter()
+    subprocess.run(["cp", str(src), str(dst)], check=True)
+    fd = os.open(dst, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    plain = time.perf_counter() - start
+    dst.unlink()
+    drop_cache(src)
+    step, size = 16 << 20, src.stat().st_size
+    fin = os.open(src, os.O_RDONLY | os.O_DIRECT)
+    fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    offsets = iter(range(0, size, step))
+    done: dict[int, tuple[mmap.mmap, int]] = {}
+    free = [mmap.mmap(-1, step) for _ in range(12)]
+    cond = threading.Condition()
+    try:
+        start = time.perf_counter()
+
+        def read() -> None:
+            while True:
+                with cond:
+                    offset = next(offsets, None)
+                    while offset is not None and not free:
+                        cond.wait()
+                    if offset is None:
+                        return
+                    buf = free.pop()
+                n = os.preadv(fin, [buf], offset)
+                with cond:
+                    done[offset] = (buf, n)
+                    cond.notify_all()
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for offset in range(0, size, step):
+            with cond:
+                while offset not in done:
+                    cond.wait()
+                buf, n = done.pop(offset)
+            os.pwrite(fout, memoryview(buf)[: -(-n // 4096) * 4096], offset)
+            with cond:
+                free.append(buf)
+                cond.notify_all()
+        for t in threads:
+            t.join()
+        os.ftruncate(fout, size)
+        os.fsync(fout)
+        device = time.perf_counter() - start
+    finally:
+        os.close(fin)
+        os.close(fout)
+    dst.unlink()
+    return min(plain, device)
 
 
 def compute_child(shapes_json: str) -> None:
@@ -441,6 +508,7 @@ class Machine:
     cp: float  # write + fsync by `cp`
     read: dict  # read, the faster of `cat` and the device driven for speed
     write: float  # write + fsync, the faster of `cp` and the device driven for speed
+    copy: float  # a cold source copied (read and write share the disk), the faster way
     transpose: float  # the fastest transposing copy measured
     zstd: dict  # {"compress": s/B, "decompress": s/B}
 
@@ -472,6 +540,8 @@ def stages(machine: Machine, state: str, nin: int, nout: int, moved: int, codec:
     zstd = 0.0 if codec is None else max(nin, nout) * machine.zstd[codec]
     best = {"read": nin / machine.read[state], "write": nout / machine.write,
             "cpu": transpose + zstd}  # fmt: skip
+    if state == "cold":  # Read and written on one disk: the bytes of both, as a copy moves them.
+        best["copy"] = (nin + nout) / (2 * machine.copy)
     return issue, best
 
 
@@ -509,6 +579,7 @@ def main() -> None:
         write = min(write_seconds(model, root / "copy") for _ in range(2))
         dev_read = min(device_read_seconds(model) for _ in range(2))
         dev_write = min(device_write_seconds(model, root / "copy") for _ in range(2))
+        copy = min(cold_copy_seconds(model, root / "copy") for _ in range(2))
         two_d = [s for _, s in specs if len(s) == 2]
         compute = compute_seconds(two_d)
         loads.append(os.getloadavg()[0])
@@ -519,6 +590,7 @@ def main() -> None:
             cp=size / write,
             read={"cold": size / min(cold, dev_read), "warm": size / hot},
             write=size / min(write, dev_write),
+            copy=size / copy,
             transpose=max(transposes.values()),
             zstd={"compress": compute["zstd_compress_per_byte"],
                   "decompress": compute["zstd_decompress_per_byte"]},
@@ -529,7 +601,9 @@ def main() -> None:
               f"write + fsync (cp): {machine.cp / GB:.2f} GB/s", flush=True)  # fmt: skip
         print(f"the device, driven for speed: read cold (4 x 16 MiB preadv in flight) "
               f"{size / dev_read / GB:.2f} GB/s; write + fsync (dd oflag=direct, or written "
-              f"behind) {size / dev_write / GB:.2f} GB/s", flush=True)  # fmt: skip
+              f"behind) {size / dev_write / GB:.2f} GB/s; a cold source copied (cp, or "
+              f"4 x 16 MiB O_DIRECT reads in flight and O_DIRECT writes) "
+              f"{machine.copy / GB:.2f} GB/s", flush=True)  # fmt: skip
         print("transpose: " + ", ".join(f"{k} {v / GB:.2f}" for k, v in transposes.items())
               + f" GB/s; zstd level 1 on {os.cpu_count()} cores: compress "
               f"{1 / machine.zstd['compress'] / GB:.2f}, decode "

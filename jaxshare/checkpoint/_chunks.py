@@ -352,10 +352,6 @@ class Layout:
     def chunk_bytes(self) -> int:
         return math.prod(self.chunks) * self.dtype.itemsize
 
-    def grid(self) -> tuple[int, ...]:
-        """The number of chunks along each axis."""
-        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks, strict=True))
-
 
 def _dtype(code: Any) -> np.dtype | None:
     """A zarr v2 dtype string as numpy's, if it is one read here."""
@@ -425,10 +421,9 @@ class DirectArray:
         *,
         perm: Perm | None = None,
         dtype: np.dtype | None = None,
-        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """``array[region]`` transposed by ``perm`` and cast to ``dtype``, in ``out``
-        (a new C-ordered array if ``None``), filled chunk by chunk on threads.
+        """``array[region]`` transposed by ``perm`` and cast to ``dtype``, in a new
+        C-ordered array filled chunk by chunk on threads.
 
         Raises:
           ValueError: a step in ``region``; a chunk is missing, cut short or
@@ -438,8 +433,7 @@ class DirectArray:
         bounds = _bounds(region, layout.shape)
         sub = tuple(stop - start for start, stop in bounds)
         target = layout.dtype if dtype is None else np.dtype(dtype)
-        if out is None:
-            out = empty_array(permute_shape(sub, perm), target)
+        out = empty_array(permute_shape(sub, perm), target)
         where = out if perm is None else out.transpose(inverse(perm))  # In the array's axes.
         jobs = list(self._pieces(bounds))
         if not jobs:
@@ -447,7 +441,7 @@ class DirectArray:
 
         def fill(job: tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]) -> None:
             grid, inside, at = job
-            self._fill(grid, inside, at, where, out, perm, bounds)
+            self._fill(grid, inside, at, where, out, perm)
 
         for _ in parallel_map(fill, jobs):
             pass
@@ -573,7 +567,6 @@ class DirectArray:
         where: np.ndarray,
         out: np.ndarray,
         perm: Perm | None,
-        bounds: Sequence[tuple[int, int]],
     ) -> None:
         """Puts the part ``inside`` of the chunk at ``grid`` at ``where[at]``."""
         layout = self.layout
