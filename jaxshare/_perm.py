@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxshare._buffers import empty_array
 from jaxshare._threads import worker_count
 
 __all__ = [
@@ -188,7 +189,7 @@ def contiguous_transpose(
     if out is None:
         if perm is None:
             return np.ascontiguousarray(x)
-        out = np.empty(view.shape, view.dtype)
+        out = empty_array(view.shape, view.dtype)
     elif out.shape != view.shape or out.dtype != view.dtype:
         raise ValueError(
             f"`out` must be a {view.dtype} array of shape {view.shape}, got a {out.dtype} "

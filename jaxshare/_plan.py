@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from jaxshare._alias import AliasMap
+from jaxshare._buffers import pooled
 from jaxshare._dtype import cast_to, numpy_dtype
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._report import ArrayInfo
@@ -194,7 +195,8 @@ class Plan:
             return self._converted(source, entry, x)
 
         jobs = [(self.cost(source, e), partial(read, i)) for i, e in enumerate(entries)]
-        with ReadAhead(jobs, self.budget(source)) as ahead:
+        # The arrays' memory, freed, waits for the next of their size (pages resident).
+        with pooled(), ReadAhead(jobs, self.budget(source)) as ahead:
             arrays = iter(ahead)  # No zip: it would keep the last array until the next.
             for done, entry in enumerate(self.entries, 1):
                 array = next(arrays)

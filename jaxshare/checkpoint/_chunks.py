@@ -25,12 +25,10 @@ TensorStore, as before: :meth:`DirectArray.of` says ``None``.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import itertools
 import json
 import math
-import mmap
 import os
 import struct
 import threading
@@ -42,12 +40,13 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import zstandard
 
+from jaxshare._buffers import empty_array
 from jaxshare._mapped import map_file
 from jaxshare._perm import Perm, contiguous_transpose, inverse, permute_shape
 from jaxshare._threads import parallel_map
 from jaxshare.checkpoint._ocdbt import crc32c
 
-__all__ = ["Chunk", "ChunkStore", "DirectArray", "Layout", "empty_array"]
+__all__ = ["Chunk", "ChunkStore", "DirectArray", "Layout"]
 
 #: The size of a shard index entry: offset and length, both ``uint64le``.
 _SHARD_ENTRY = 16
@@ -690,23 +689,3 @@ def _check_end(reader: Any, rest: int, where: str) -> None:
             raise ValueError(f"{where}: the zstd chunk holds more bytes than its chunk shape.")
     if rest:
         raise ValueError(f"{where}: the zstd chunk ends before the bytes its array holds.")
-
-
-#: Arrays at least this large get a memory mapping of their own (:func:`empty_array`).
-_MMAP_BYTES = 2**20
-
-
-def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array; a large one in its own memory mapping, which goes
-    back to the operating system as soon as the array is freed (freed heap
-    memory may stay with the process, so a long read would keep growing)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _MMAP_BYTES:
-        return np.empty(shape, dtype)
-    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    # In huge pages where the kernel has them (as numpy asks for its own large
-    # arrays): 512x fewer page faults filling it (here 3.3 GB read took 850k).
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):
-            memory.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(memory, dtype=dtype).reshape(shape)

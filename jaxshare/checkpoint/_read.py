@@ -19,9 +19,10 @@ from collections.abc import Iterator
 import numpy as np
 import tensorstore as ts
 
+from jaxshare._buffers import empty_array
 from jaxshare._dtype import cast_to
 from jaxshare._perm import Perm
-from jaxshare.checkpoint._chunks import ChunkStore, DirectArray, empty_array
+from jaxshare.checkpoint._chunks import ChunkStore, DirectArray
 from jaxshare.checkpoint._item import StoredItem, array_spec, is_ocdbt, read_context
 
 __all__ = ["BLOCK_BYTES", "LeafReader"]

@@ -51,6 +51,7 @@ import numpy as np
 import zstandard
 
 from jaxshare._alias import AliasMap
+from jaxshare._buffers import pooled
 from jaxshare._dtype import numpy_dtype
 from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
 from jaxshare._mapped import write_array
@@ -547,7 +548,8 @@ def write_streamed(
             else (_layer_cost(a), partial(_Layers, plan, source, a))
             for a in arrays
         ]
-        with ReadAhead(jobs, _budget(plan, arrays)) as ahead:
+        # The arrays' memory, freed, waits for the next of their size (pages resident).
+        with pooled(), ReadAhead(jobs, _budget(plan, arrays)) as ahead:
 
             def written(i: int) -> None:  # Its chunks on their way to the disk.
                 nonlocal done

@@ -1,0 +1,56 @@
+"""``empty_array`` and ``pooled``: freed arrays' memory goes to the next array of its
+size while a conversion streams, never while a view of it lives, within the cap,
+and back to the operating system once no conversion streams."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from jaxshare import _buffers
+from jaxshare._buffers import empty_array, pooled
+
+F32 = np.dtype(np.float32)
+
+
+def test_a_view_keeps_its_memory_from_the_next_array() -> None:
+    with pooled():
+        a = empty_array((512, 1024), F32)
+        a[:] = 1
+        view = a[3:5]
+        del a
+        gc.collect()
+        b = empty_array((512, 1024), F32)
+        b[:] = 2
+        assert (view == 1).all()  # Not b's memory.
+        del view
+        gc.collect()
+        c = empty_array((512, 1024), F32)
+        assert c.ctypes.data != b.ctypes.data
+
+
+def test_the_pool_holds_at_most_its_cap_and_empties_after_the_last_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_buffers, "POOL_BYTES", 3 * 2**20)
+    with pooled():
+        with pooled():  # (Nested: the pool lives until the outer one ends.)
+            arrays = [empty_array((2**18,), F32) for _ in range(5)]  # 1 MiB each
+            del arrays
+            gc.collect()
+            assert _buffers._STATE["free"] == 3 * 2**20
+        assert _buffers._STATE["free"] == 3 * 2**20
+    assert _buffers._STATE["free"] == 0 and not _buffers._FREE
+
+
+def test_outside_a_scope_nothing_is_kept_and_arrays_outlive_their_scope() -> None:
+    with pooled():
+        kept = empty_array((1024, 1024), F32)
+    kept[:] = 7  # Still its own memory.
+    del kept
+    gc.collect()
+    assert _buffers._STATE["free"] == 0
+    small = empty_array((4,), F32)  # Small arrays are numpy's own.
+    assert small.base is None
