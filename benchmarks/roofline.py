@@ -227,10 +227,10 @@ def cold_copy_seconds(src: Path, dst: Path) -> float:
 
         def read() -> None:
             while True:
-                with cond:
-                    offset = next(offsets, None)
-                    while offset is not None and not free:
+                with cond:  # A buffer first, then the next offset: taken in order.
+                    while not free:
                         cond.wait()
+                    offset = next(offsets, None)
                     if offset is None:
                         return
                     buf = free.pop()

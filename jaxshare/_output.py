@@ -27,17 +27,24 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import mmap
 import os
 import secrets
 import shutil
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
+from jaxshare._mapped import write_array
+
 __all__ = [
+    "OutputFile",
     "OutputKind",
     "WriteBehind",
     "atomic_output",
@@ -410,6 +417,214 @@ class WriteBehind:
         os.fsync(self._f.fileno())
         self._flight.clear()
         _drop(self._f.fileno(), 0, 0)
+
+
+#: The staging buffers of :class:`OutputFile`: their size, and how many.
+DIRECT_STEP = 8 * 2**20
+DIRECT_BUFFERS = 3
+# What O_DIRECT asks of a write's offset, length and memory (a logical block; any
+# file system's is at most a page).
+_ALIGN = 4096
+
+
+class OutputFile:
+    """A new file written from its start to its end, on the disk when closed.
+
+    The bytes bypass the page cache (``O_DIRECT``): each write is copied into one
+    of :data:`DIRECT_BUFFERS` staging buffers of :data:`DIRECT_STEP` bytes, kept
+    hot, and a thread hands each full buffer to the disk while the next fills, so
+    the disk always has work and the kernel neither copies the bytes again nor
+    keeps them. Through the page cache, the kernel's copy of 2.8 GB took about a
+    second of CPU here, on top of the writer's own. Where a file system refuses
+    ``O_DIRECT``, the file is written through the page cache and handed on as it
+    is written (:class:`WriteBehind`).
+
+    Args:
+      path: the file to create (or truncate).
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "out"
+    >>> with OutputFile(path) as out:
+    ...     out.write(b"header..")
+    ...     out.write_array(np.arange(3, dtype=np.uint8))
+    ...     out.patch(6, b"!!")
+    >>> path.read_bytes()
+    b'header!!\\x00\\x01\\x02'
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._size = 0  # Bytes written.
+        self._patches: list[tuple[int, bytes]] = []
+        self._file: BinaryIO | None = None
+        self._behind: WriteBehind | None = None
+        self._fd = -1
+        direct = getattr(os, "O_DIRECT", 0)
+        if direct:
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+        if self._fd < 0:  # No O_DIRECT here: through the page cache.
+            self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by close()
+            self._behind = WriteBehind(self._file)
+            return
+        self._free = [mmap.mmap(-1, DIRECT_STEP) for _ in range(DIRECT_BUFFERS)]
+        self._buffer = self._free.pop()
+        self._filled = 0  # Bytes in the current buffer, which starts at `_handed`.
+        self._handed = 0
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[mmap.mmap, int, int] | None] = deque()
+        self._thread = threading.Thread(target=self._run, name="jaxshare-write", daemon=True)
+        self._thread.start()
+
+    def tell(self) -> int:
+        """The bytes written so far (where the next write goes)."""
+        return self._size
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Appends ``data``."""
+        if self._file is not None:
+            self._file.write(data)
+            assert self._behind is not None
+            self._behind.wrote()
+        else:
+            self._append(memoryview(data).cast("B"))
+        self._size += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+
+    def write_array(self, data: np.ndarray) -> None:
+        """Appends the bytes of a C-contiguous array (through the page cache: file to
+        file where they lie in a mapped file, :func:`jaxshare._mapped.write_array`)."""
+        if self._file is not None:
+            assert self._behind is not None
+            write_array(data, self._file, self._behind.wrote)
+        else:
+            self._append(data.reshape(-1).view(np.uint8).data)
+        self._size += data.nbytes
+
+    def patch(self, offset: int, data: bytes) -> None:
+        """Puts ``data`` at ``offset`` in place of bytes already written (a header's
+        stand-ins); on disk when the file is closed."""
+        if offset + len(data) > self._size:
+            raise ValueError(f"{self.path}: a patch past the bytes written ({offset}).")
+        if self._file is not None:
+            self._file.seek(offset)
+            self._file.write(data)
+            self._file.seek(self._size)
+        elif offset >= self._handed:  # Still in the buffer being filled.
+            start = offset - self._handed
+            self._buffer[start : start + len(data)] = data
+        else:
+            self._patches.append((offset, data))
+
+    def close(self) -> None:
+        """Writes what is left, then ``fsync`` s: the file is on disk, whole."""
+        if self._file is not None:
+            assert self._behind is not None
+            try:
+                self._behind.close()
+            finally:
+                self._file.close()
+            return
+        try:
+            if self._filled:  # The last buffer, to a whole block; the file cut to size after.
+                self._hand_on(-(-self._filled // _ALIGN) * _ALIGN)
+            self._stop()
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        except BaseException:
+            self.abort()
+            raise
+        os.close(self._fd)
+        if self._patches:  # Written through the page cache, over the blocks on disk.
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                for offset, data in self._patches:
+                    os.pwrite(fd, data, offset)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def abort(self) -> None:
+        """Stops writing (the file is left as it is, for its caller to remove)."""
+        if self._file is not None:
+            self._file.close()
+            return
+        if self._fd < 0:
+            return
+        with contextlib.suppress(BaseException):
+            self._stop()
+        os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> OutputFile:
+        return self
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _append(self, view: memoryview) -> None:
+        while len(view):
+            n = min(len(view), DIRECT_STEP - self._filled)
+            self._buffer[self._filled : self._filled + n] = view[:n]
+            self._filled += n
+            view = view[n:]
+            if self._filled == DIRECT_STEP:
+                self._hand_on(DIRECT_STEP)
+
+    def _hand_on(self, length: int) -> None:
+        """Hands the current buffer (``length`` bytes of it) to the writing thread and
+        takes a free one, waiting for the disk if none is."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            self._pending.append((self._buffer, self._handed, length))
+            self._cond.notify_all()
+            while not self._free and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            self._buffer = self._free.pop()
+        self._handed += self._filled
+        self._filled = 0
+
+    def _run(self) -> None:
+        """The writing thread: each buffer handed on, in order, then back to the free."""
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                item = self._pending.popleft()
+            if item is None:
+                return
+            buffer, offset, length = item
+            try:
+                view, done = memoryview(buffer)[:length], 0
+                while done < length:
+                    done += os.pwrite(self._fd, view[done:], offset + done)
+            except BaseException as e:  # Raised to the writer at its next step.
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            finally:
+                del view
+            with self._cond:
+                self._free.append(buffer)
+                self._cond.notify_all()
+
+    def _stop(self) -> None:
+        with self._cond:
+            self._pending.append(None)
+            self._cond.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def write_synced(path: str | os.PathLike, data: bytes) -> None:

@@ -51,6 +51,8 @@ __all__ = ["Chunk", "ChunkStore", "DirectArray", "Layout"]
 #: The size of a shard index entry: offset and length, both ``uint64le``.
 _SHARD_ENTRY = 16
 _MISSING = 2**64 - 1
+#: The largest zarr metadata document read.
+_MAX_METADATA_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -139,11 +141,14 @@ class ChunkStore:
 
     def read_json(self, key: str) -> dict[str, Any] | None:
         """The JSON object stored at ``key`` (an array's zarr metadata), ``None``
-        if absent."""
+        if absent or not a JSON object of at most a few MiB."""
         chunk = self.get(key)
-        if chunk is None:
+        if chunk is None or chunk.length > _MAX_METADATA_BYTES:
             return None
-        value = json.loads(bytes(self.data(chunk)))
+        try:
+            value = json.loads(bytes(self.data(chunk)))
+        except ValueError:  # (Not metadata read here: TensorStore says what is wrong.)
+            return None
         return value if isinstance(value, dict) else None
 
     def close(self) -> None:
@@ -580,11 +585,11 @@ class DirectArray:
             else:
                 self.store.read_into(replace(chunk, length=len(target)), target)
             return
-        data = empty_array((layout.chunk_bytes,), np.dtype(np.uint8))
         if layout.zstd:
+            data = empty_array((layout.chunk_bytes,), np.dtype(np.uint8))
             self._decode(chunk, data, where_key)
-        else:
-            self.store.read_into(chunk, data)
+        else:  # Read where it lies, in the mapped file: copied once, into place.
+            data = self.store.data(chunk)
         piece = data.view(layout.dtype).reshape(layout.chunks)[inside]
         if perm is None:
             np.copyto(where[_index(at)], piece, casting="unsafe")

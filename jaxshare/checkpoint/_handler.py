@@ -27,7 +27,7 @@ from jaxshare.checkpoint._empty import split_empty
 from jaxshare.checkpoint._item import open_item
 from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._restore import restore_item
-from jaxshare.checkpoint._stream import CHUNK_BYTES, alias_files
+from jaxshare.checkpoint._stream import CHUNK_BYTES, HANDLER_TYPESTR, alias_files
 from jaxshare.formats import EMPTY_ARRAYS_KEY
 from jaxshare.internal import asset_files
 
@@ -79,7 +79,7 @@ class SharedCheckpointHandler(ocp.AsyncCheckpointHandler):
     @classmethod
     def typestr(cls) -> str:
         # Recorded in checkpoint metadata: stable, whichever module defines the class.
-        return "jaxshare.checkpoint.SharedCheckpointHandler"
+        return HANDLER_TYPESTR
 
     async def async_save(
         self, directory: epath.Path, args: SharedSave

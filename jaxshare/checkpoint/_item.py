@@ -29,6 +29,7 @@ from jaxshare._naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
 from jaxshare._naming import NamingRecord
 from jaxshare._paths import flatten_with_paths, render
 from jaxshare._report import ArrayInfo
+from jaxshare.checkpoint._chunks import ChunkStore, Layout
 from jaxshare.checkpoint._empty import EmptyArray, parse_record
 from jaxshare.formats import (
     ALIAS_MAP_FILE,
@@ -230,11 +231,20 @@ def _read_metadata(item_dir: Path) -> _Metadata:
             names[path] = ".".join(keys)
         elif kind not in _EMPTY_TYPES:
             other.append(path)
+    stored: dict[str, ArrayInfo] = {}
+    # Each array's zarr metadata read from the item's index where it is one read here;
+    # TensorStore opens the others.
+    chunks = ChunkStore(item_dir, use_ocdbt=use_ocdbt)
+    for path, name in names.items():
+        meta = chunks.read_json(f"{name}/zarr.json" if use_zarr3 else f"{name}/.zarray")
+        layout = None if meta is None else Layout.of(name, meta)
+        if layout is not None:
+            stored[path] = ArrayInfo(layout.shape, layout.dtype.name)
     opening = {
         path: ts.open(array_spec(item_dir, name, use_zarr3, use_ocdbt), open=True, context=context)
         for path, name in names.items()
+        if path not in stored
     }
-    stored: dict[str, ArrayInfo] = {}
     for path, future in opening.items():
         try:
             store = future.result()
@@ -244,6 +254,7 @@ def _read_metadata(item_dir: Path) -> _Metadata:
                 f"cannot be opened: {e}"
             ) from None
         stored[path] = ArrayInfo(tuple(store.shape), np.dtype(store.dtype.numpy_dtype).name)
+    stored = {path: stored[path] for path in names}  # (In the tree's order.)
     return stored, other, names, use_zarr3, dict(doc.get("custom_metadata") or {})
 
 

@@ -110,6 +110,10 @@ class LeafReader:
             self._direct[path] = found
         return self._direct[path]
 
+    def close(self) -> None:
+        """Lets go of the item's mapped files (arrays already read stay valid)."""
+        self._chunks.close()
+
     def _cast(self, direct: DirectArray) -> np.dtype:
         return cast_to(direct.dtype, self._dtype)
 

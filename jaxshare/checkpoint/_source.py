@@ -71,6 +71,9 @@ class CheckpointSource(TensorSource):
     def permuted_blocks(self, name: str, perm: Any) -> Any:
         return self._reader.blocks(name, perm)
 
+    def close(self) -> None:
+        self._reader.close()
+
     def blocks(self, name: str, perm: Any = None) -> Any:
         """The array at ``name`` (transposed by ``perm``) in C order, as blocks of
         whole leading-axis slices (see ``LeafReader.blocks``)."""

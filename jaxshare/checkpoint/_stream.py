@@ -20,7 +20,7 @@ JAX and Orbax cost a second of every run. Here:
 - it is cut into chunks of whole rows of at most :data:`CHUNK_BYTES` (a stack
   in per-layer chunks), each zstd-compressed at Orbax's level on a few threads
   (or stored raw), and appended to data files that go to the disk as they are
-  written (:class:`jaxshare._output.WriteBehind`);
+  written (:class:`jaxshare._output.OutputFile`);
 - the B+tree that finds every chunk and the manifest are then encoded in
   TensorStore's format (:mod:`jaxshare.checkpoint._ocdbt`), and the metadata
   files written, every file ``fsync`` ed before the item is renamed into place.
@@ -45,7 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -54,9 +54,8 @@ from jaxshare._alias import AliasMap
 from jaxshare._buffers import pooled
 from jaxshare._dtype import numpy_dtype
 from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
-from jaxshare._mapped import write_array
 from jaxshare._naming import stack_axis
-from jaxshare._output import WriteBehind, atomic_output, fsync_dir, write_synced
+from jaxshare._output import OutputFile, atomic_output, fsync_dir, write_synced
 from jaxshare._plan import Plan, PlanEntry, ReadAhead
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
@@ -80,10 +79,10 @@ from jaxshare.internal import ITEM, asset_files
 __all__ = [
     "CHUNK_BYTES",
     "COMPRESSIONS",
+    "HANDLER_TYPESTR",
     "alias_files",
     "chunk_shape",
     "write_item",
-    "write_streamed",
 ]
 
 #: The largest chunk an array is stored in (a row, or a layer's row, may be larger).
@@ -181,34 +180,29 @@ class _Layers:
 
 
 class _DataFiles:
-    """Chunks appended to data files under ``root/d/``, each file handed to the
-    disk as it is written and ``fsync`` ed when closed; a new file is begun past
-    :data:`DATA_FILE_BYTES`."""
+    """Chunks appended to data files under ``root/d/``, each handed to the disk as it
+    is written (:class:`jaxshare._output.OutputFile`) and on it when closed; a new
+    file is begun past :data:`DATA_FILE_BYTES`."""
 
     def __init__(self, root: Path) -> None:
         self._root = root
         (root / _DATA_DIR).mkdir()
-        self._file: BinaryIO | None = None
+        self._file: OutputFile | None = None
         self._name = ""
-        self._behind: WriteBehind | None = None
 
     def append(self, data: np.ndarray) -> ValueRef:
         """Writes ``data`` (C-contiguous) at the end of the current file."""
         if self._file is None or self._file.tell() >= DATA_FILE_BYTES:
             self._close_file()
             self._name = new_data_file_name()
-            self._file = open(self._root / self._name, "wb")  # noqa: SIM115 -- closed later
-            self._behind = WriteBehind(self._file)
-        assert self._behind is not None
+            self._file = OutputFile(self._root / self._name)
         offset = self._file.tell()
-        write_array(data, self._file, self._behind.wrote)
+        self._file.write_array(data)
         return ValueRef(self._name, offset, data.nbytes)
 
     def _close_file(self) -> None:
         if self._file is not None:
-            assert self._behind is not None
-            self._behind.close()  # fsync
-            self._file.close()
+            self._file.close()  # (fsync)
             self._file = None
 
     def close(self) -> None:
@@ -217,7 +211,7 @@ class _DataFiles:
 
     def abort(self) -> None:
         if self._file is not None:
-            self._file.close()
+            self._file.abort()
             self._file = None
 
 
@@ -483,7 +477,7 @@ def write_item(
 
     def write() -> None:
         with atomic_output(path, ITEM, force=force, inputs=inputs) as tmp:
-            write_streamed(tmp, plan, source, files=files, progress=progress,
+            _write_streamed(tmp, plan, source, files=files, progress=progress,
                            manifest=manifest, compression=compression, final=str(path))  # fmt: skip
 
     jax = sys.modules.get("jax")
@@ -510,7 +504,7 @@ def write_item(
         )
 
 
-def write_streamed(
+def _write_streamed(
     root: Path,
     plan: Plan,
     source: TensorSource,

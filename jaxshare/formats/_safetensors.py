@@ -34,9 +34,9 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._json import loads
 from jaxshare._manifest import Manifest, TensorHash
-from jaxshare._mapped import map_file, write_array
+from jaxshare._mapped import map_file
 from jaxshare._naming import NamingRecord
-from jaxshare._output import OutputKind, WriteBehind, atomic_output
+from jaxshare._output import OutputFile, OutputKind, atomic_output
 from jaxshare._plan import Plan
 from jaxshare._progress import ProgressFn
 from jaxshare._report import ArrayInfo, TieReport
@@ -490,8 +490,8 @@ def write_safetensors(
     places = [8 + header.index(mark.encode()) for mark in marks]
     written = 0
     with atomic_output(path, SAFETENSORS, force=force, inputs=inputs) as tmp:
-        with open(tmp, "wb") as f:
-            behind = WriteBehind(f)  # The disk writes each tensor while the next is read.
+        # Handed to the disk as it is written: the disk writes while the next is read.
+        with OutputFile(tmp) as f:
 
             def write(blocks: Iterable[np.ndarray]) -> str | None:
                 nonlocal written
@@ -508,7 +508,7 @@ def write_safetensors(
                     data = np.ascontiguousarray(block)
                     if digest is not None:
                         digest.update(data)
-                    write_array(data, f, behind.wrote)
+                    f.write_array(data)
                     size += data.nbytes
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")
@@ -525,9 +525,7 @@ def write_safetensors(
             if written != len(specs):
                 raise ValueError(f"{path}: wrote {written} of {len(specs)} tensors.")
             for place, digest in zip(places, digests, strict=True):  # The stand-ins replaced.
-                f.seek(place)
-                f.write(digest.encode())
-            behind.close()
+                f.patch(place, digest.encode())
 
 
 def save_plan(

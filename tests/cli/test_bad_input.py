@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -462,35 +463,37 @@ def test_a_full_disk_leaves_the_previous_output_intact(tmp_path, capsys):
         os.system(f"umount {mount}")
 
 
-def test_an_injected_full_disk_leaves_the_previous_output_intact(tmp_path, capsys, monkeypatch):
-    """Where no small tmpfs can be mounted, the disk fills up by injection."""
+@pytest.mark.parametrize("direct", [True, False], ids=["o-direct", "page-cache"])
+def test_an_injected_full_disk_leaves_the_previous_output_intact(
+    tmp_path, capsys, monkeypatch, direct
+):
+    """Where no small tmpfs can be mounted, the disk fills up by injection, on either
+    way an output is written (O_DIRECT where the file system takes it)."""
     src = write_safetensors(tmp_path / "m.safetensors")
     out = tmp_path / "o.safetensors"
     bridge.save_safetensors({"old": torch.ones(4)}, out)
     before = snapshot(tmp_path)
+    left = [64]  # Bytes the disk takes before it is full.
 
-    class Full:
-        def __init__(self, f):
-            self._f, self._left = f, 64
+    def take(n):
+        left[0] -= n
+        if left[0] < 0:
+            raise OSError(28, "No space left on device")
 
-        def write(self, data):
-            self._left -= len(data)
-            if self._left < 0:
-                raise OSError(28, "No space left on device")
-            return self._f.write(data)
+    if direct:
+        real = os.pwrite
+        monkeypatch.setattr(
+            os, "pwrite", lambda fd, data, at: take(len(data)) or real(fd, data, at)
+        )
+    else:
+        monkeypatch.delattr(os, "O_DIRECT", raising=False)
 
-        def __getattr__(self, name):
-            return getattr(self._f, name)
+        class Full(io.FileIO):
+            def write(self, data):
+                take(len(data))
+                return super().write(data)
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self._f.__exit__(*exc)
-
-    monkeypatch.setattr(
-        "jaxshare.formats._safetensors.open", lambda *a, **k: Full(open(*a, **k)), raising=False
-    )
+        monkeypatch.setattr("jaxshare._output.open", lambda p, m: Full(p, m), raising=False)
     assert main(["convert", "--quiet", "--force", str(src), str(out), "--names", "torch"]) == 1
     err = capsys.readouterr().err
     assert "No space left on device" in err and err.count("\n") == 1

@@ -8,6 +8,7 @@ import ctypes
 import mmap
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,95 @@ def test_write_array_writes_the_bytes_in_steps(tmp_path_factory, shape, dtype, s
         out.write(b">")
     assert (d / "out").read_bytes() == b"<" + array.tobytes() + b">"
     assert calls == [min(1 + k + step, 1 + array.nbytes) for k in range(0, array.nbytes, step)]
+
+
+# --- OutputFile: O_DIRECT through staging buffers, or the page cache ---------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pieces=st.lists(st.integers(0, 3 * 4096 + 7), max_size=10),
+    patches=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 40)), max_size=4),
+    direct=st.booleans(),
+    step=st.sampled_from([4096, 8192]),
+)
+def test_every_byte_and_patch_written_is_in_the_file(
+    tmp_path_factory, monkeypatch_module, pieces, patches, direct, step
+):
+    path = tmp_path_factory.mktemp("of") / "out"
+    rng = np.random.default_rng(len(pieces))
+    want = bytearray()
+    with monkeypatch_module.context() as m:
+        m.setattr(_output, "DIRECT_STEP", step)
+        if not direct:
+            m.delattr(os, "O_DIRECT", raising=False)
+        with _output.OutputFile(path) as out:
+            for k, n in enumerate(pieces):
+                data = rng.integers(0, 256, n, dtype=np.uint8)
+                out.write(data.tobytes()) if k % 2 else out.write_array(data)
+                want += data.tobytes()
+                assert out.tell() == len(want)
+            for where, n in patches:
+                if len(want) >= n:
+                    offset = int(where * (len(want) - n))
+                    data = bytes(rng.integers(0, 256, n, dtype=np.uint8))
+                    out.patch(offset, data)
+                    want[offset : offset + n] = data
+    assert path.read_bytes() == bytes(want)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
+
+
+@linux
+def test_an_output_file_bypasses_the_page_cache(tmp_path):
+    path = tmp_path / "out"
+    block = os.urandom(1 << 20)
+    with _output.OutputFile(path) as out:
+        for _ in range(32):
+            out.write(block)
+    assert resident_pages(path) <= (32 << 20) // mmap.PAGESIZE // 100
+    assert path.read_bytes() == block * 32
+
+
+def test_a_failed_write_is_raised_to_the_writer_and_stops_the_thread(tmp_path, monkeypatch):
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("the page cache path raises at once")
+    calls = []
+    real = os.pwrite
+
+    def full_disk(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    monkeypatch.setattr(_output, "DIRECT_STEP", 4096)
+    before = threading.active_count()
+    out = _output.OutputFile(tmp_path / "out")
+    with pytest.raises(OSError, match="No space left"):
+        for _ in range(64):
+            out.write(b"x" * 4096)
+        out.close()
+    out.abort()
+    assert threading.active_count() == before
+
+
+@linux
+def test_a_write_failing_at_close_leaves_no_file_open(tmp_path, monkeypatch):
+    """(A descriptor left open keeps, e.g., a full tmpfs from being unmounted.)"""
+
+    def full_disk(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    before = len(os.listdir("/proc/self/fd"))
+    out = _output.OutputFile(tmp_path / "out")
+    out.write(b"x" * 100)  # Less than a buffer: written at close.
+    with pytest.raises(OSError, match="No space left"):
+        out.close()
+    assert len(os.listdir("/proc/self/fd")) == before
