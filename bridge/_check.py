@@ -65,7 +65,7 @@ from jaxshare.formats import (
     read_header,
     unpickle_torch_file,
 )
-from jaxshare.internal import Perm, format_bytes, load_deepspeed_file
+from jaxshare.internal import Perm, format_bytes, load_deepspeed_file, same_bytes
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["KINDS", "CheckReport", "Finding", "check"]
@@ -473,13 +473,6 @@ def _nonzero(a: np.ndarray) -> bool:
     return any(block.any() for (block,) in _blocks(_words(a)))
 
 
-def _same(x: np.ndarray, y: np.ndarray) -> bool:
-    """Bit for bit equal; stops at the first block that differs."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    return all(np.array_equal(a, b) for a, b in _blocks(_words(x), _words(y)))
-
-
 def _hold(view: _View, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> list[Finding]:
     """Every declared tie against the stored tensors, each tensor read once."""
     findings: list[Finding] = []
@@ -525,7 +518,7 @@ def _hold(view: _View, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> list[
                 kind_if_differs = "alias-differs"
             want = value if t.perm is None else np.transpose(value, t.perm)
             got = view.array(t.alias)
-            if _same(got, want):
+            if same_bytes(got, want):
                 findings.append(
                     Finding(
                         "stored-twice",
@@ -696,7 +689,7 @@ def _equal_untied(view: _View, ties: list[_Tie]) -> list[Finding]:
                 if a in done:
                     continue
                 equal = [b for b in names[i + 1 :] if find(a) != find(b)]
-                equal = [b for b in equal if _same(values[a], values[b])]
+                equal = [b for b in equal if same_bytes(values[a], values[b])]
                 if equal:
                     done.update(equal)
                     findings.append(

@@ -25,9 +25,10 @@ from bridge._hf_config import config_dict, config_ties
 from bridge._rules import Rules
 from jaxshare import AliasMap
 from jaxshare.formats import CONFIG_FILE
+from jaxshare.internal import same_bytes
 from jaxshare.stream import TensorSource
 
-__all__ = ["DeclaredTies", "declare_ties", "parse_tie", "same_bytes", "tie_map"]
+__all__ = ["DeclaredTies", "declare_ties", "parse_tie", "tie_map"]
 
 
 def parse_tie(text: str) -> tuple[str, str]:
@@ -161,13 +162,6 @@ def declare_ties(
     return DeclaredTies(
         source, AliasMap(merged, transforms=transforms, naming=source.ties.naming), origins, assets
     )
-
-
-def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
-    """Whether two arrays of one shape and dtype hold the same bytes (a NaN equals
-    itself, ``-0.0`` is not ``0.0``): what makes two stored names one tensor."""
-    bits_x, bits_y = (np.ascontiguousarray(v).reshape(-1).view(np.uint8) for v in (x, y))
-    return bool(np.array_equal(bits_x, bits_y))
 
 
 def _check(source: TensorSource, alias: str, canonical: str, origin: str) -> None:

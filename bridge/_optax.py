@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bridge._declared import declare_ties, same_bytes, tie_map
+from bridge._declared import declare_ties, tie_map
 from bridge._layouts import Layout
 from bridge._rules import RulesArg, as_rules
 from jaxshare.formats import OptimizerState, ParamGroup
-from jaxshare.internal import is_floating, keypath_to_path, render
+from jaxshare.internal import is_floating, keypath_to_path, render, same_bytes
 from jaxshare.stream import ArrayInfo, TensorSource
 
 if TYPE_CHECKING:

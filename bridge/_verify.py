@@ -73,6 +73,7 @@ from jaxshare.internal import (
     inverse,
     numpy_dtype,
     parallel_map,
+    same_bytes,
     tensor_digest,
     unstacked,
 )
@@ -333,17 +334,6 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint8).reshape(-1, size)
 
 
-def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
-    """Whether ``x`` and ``y`` hold the same bytes: compared on a few threads (numpy
-    lets go of the GIL, and the page faults of mapped files overlap too)."""
-    bx, by = x.view(np.uint8), y.view(np.uint8)
-    step = max(1 << 20, -(-bx.size // 4))
-    parts = [(start, min(start + step, bx.size)) for start in range(0, bx.size, step)]
-    return all(
-        parallel_map(lambda p: bool(np.array_equal(bx[p[0] : p[1]], by[p[0] : p[1]])), parts)
-    )
-
-
 def _as_float(x: np.ndarray) -> np.ndarray:
     return np.abs(x.astype(np.complex128)) if x.dtype.kind == "c" else x.astype(np.float64)
 
@@ -361,7 +351,7 @@ class _Diff:
             fx, fy = _as_float(x), _as_float(y)
             differ = ~((fx == fy) | (np.isnan(fx) & np.isnan(fy)))
         else:
-            if _same_bits(x, y):  # (The common case, at memory speed.)
+            if same_bytes(x, y):  # (The common case, at memory speed.)
                 return
             differ = _bits(x) != _bits(y)
             if differ.ndim > 1:

@@ -42,6 +42,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare._naming import lift as lift
     from jaxshare._naming import stack_axis as stack_axis
     from jaxshare._naming import stack_prefix as stack_prefix
+    from jaxshare._equal import same_bytes as same_bytes
     from jaxshare._output import OutputKind as OutputKind
     from jaxshare._output import atomic_output as atomic_output
     from jaxshare._output import check_not_an_input as check_not_an_input
@@ -102,6 +103,7 @@ __getattr__, __dir__, __all__ = _exports(
             "stack_prefix",
         ],
         "jaxshare._nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
+        "jaxshare._equal": ["same_bytes"],
         "jaxshare._output": ["OutputKind", "atomic_output", "check_not_an_input"],
         "jaxshare._paths": ["Path", "keypath_to_path", "nest", "render", "render_part", "split"],
         "jaxshare._perm": [
