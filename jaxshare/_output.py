@@ -18,8 +18,9 @@ Every file and directory jaxshare writes goes through :func:`atomic_output`:
 - temporary names left by a killed run carry its process id: the next write to
   the same destination removes those whose process is gone.
 
-Large outputs are handed to the disk while they are written, and leave the page
-cache once on it (:class:`WriteBehind`).
+Large outputs are handed to the disk while they are written, without the page cache
+(:class:`OutputFile`, ``O_DIRECT``) or leaving it once on disk (:class:`WriteBehind`,
+where a file system refuses ``O_DIRECT``, and for the DCP writer's records).
 """
 
 from __future__ import annotations
@@ -569,11 +570,13 @@ class OutputFile:
             self.abort()
 
     def _append(self, view: memoryview) -> None:
-        while len(view):
-            n = min(len(view), DIRECT_STEP - self._filled)
-            self._buffer[self._filled : self._filled + n] = view[:n]
+        data = np.frombuffer(view, np.uint8)
+        while len(data):
+            n = min(len(data), DIRECT_STEP - self._filled)
+            # (A numpy copy: it lets go of the GIL, where a map's slice assignment holds it.)
+            np.frombuffer(self._buffer, np.uint8)[self._filled : self._filled + n] = data[:n]
             self._filled += n
-            view = view[n:]
+            data = data[n:]
             if self._filled == DIRECT_STEP:
                 self._hand_on(DIRECT_STEP)
 

@@ -85,7 +85,7 @@ class ChunkStore:
     def get(self, key: str) -> Chunk | None:
         """Where the value of ``key`` lies; ``None`` if it is not stored."""
         if not self._ocdbt:
-            path = self.directory / key
+            path = _inside(self.directory, key)
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
@@ -211,7 +211,7 @@ def _ocdbt_index(directory: Path) -> dict[str, Chunk]:
                 index[key.decode()] = Chunk(None, 0, len(value), value)
             elif "indirect_value" in entry:
                 _, base_path, relative, offset, length = _split_location(entry["indirect_value"])
-                path = directory / (transitive + base_path + relative)
+                path = _inside(directory, transitive + base_path + relative)
                 index[key.decode()] = Chunk(path, offset, length)
             else:  # A child node.
                 _, base_path, relative, offset, length = _split_location(entry["location"])
@@ -219,6 +219,28 @@ def _ocdbt_index(directory: Path) -> dict[str, Chunk]:
                 common = bytes(entry.get("subtree_common_prefix", b""))
                 pending.append((child, transitive + base_path, prefix + common))
     return index
+
+
+def _inside(directory: Path, relative: str) -> Path:
+    """``directory / relative``, refused where ``relative`` would leave it.
+
+    Raises:
+      ValueError: an absolute path, or one with a ``..`` part.
+
+    >>> _inside(Path("/ckpt"), "d/ab12")
+    PosixPath('/ckpt/d/ab12')
+    >>> _inside(Path("/ckpt"), "d/../../etc/passwd")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: /ckpt: the item names a file outside it, 'd/../../etc/passwd'; ...
+    """
+    parts = relative.split("/")
+    if relative.startswith("/") or ".." in parts or "\\" in relative:
+        raise ValueError(
+            f"{directory}: the item names a file outside it, {relative!r}; the item is "
+            "damaged or not one Orbax wrote."
+        )
+    return directory / relative
 
 
 def _split_location(location: str) -> tuple[str, str, str, int, int]:

@@ -7,6 +7,7 @@ line naming the chunk."""
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -207,3 +208,24 @@ def test_read_law(tmp_path_factory, array, zarr3, zstd, chunk_bytes, data):
     _same(got, array[region].transpose(perm).copy())
     assert b"".join(b.tobytes() for b in reader.blocks("a")) == array.tobytes()
     shutil.rmtree(path)
+
+
+def test_an_index_naming_a_file_outside_the_item_is_refused(tmp_path):
+    """A hostile B+tree's data file path may not leave the item (as TensorStore's
+    file store refuses such keys)."""
+    from jaxshare.checkpoint._ocdbt import ValueRef, encode_database, new_data_file_name
+
+    (tmp_path / "secret").write_bytes(b"\0" * 16)
+    item = tmp_path / "item"
+    (item / "d").mkdir(parents=True)
+    meta = {"chunks": [4], "compressor": None, "dtype": "<f4", "filters": None,
+            "order": "C", "shape": [4], "zarr_format": 2}  # fmt: skip
+    node = new_data_file_name()
+    manifest, nodes = encode_database(
+        {b"w/.zarray": json.dumps(meta).encode(), b"w/0": ValueRef("../secret", 0, 16)},
+        node_file=node,
+    )
+    (item / node).write_bytes(nodes)
+    (item / "manifest.ocdbt").write_bytes(manifest)
+    with pytest.raises(ValueError, match=r"names a file outside it, '\.\./secret'"):
+        ChunkStore(item, use_ocdbt=True).get("w/0")
