@@ -32,7 +32,7 @@ __all__ = ["POOL_BYTES", "empty_array", "pooled"]
 #: Arrays at least this large get a mapping of their own (smaller ones: numpy's heap).
 MAP_BYTES = 2**20
 #: The most bytes of freed arrays kept for reuse while conversions stream.
-POOL_BYTES = 256 * 2**20
+POOL_BYTES = 64 * 2**20
 
 _LOCK = threading.Lock()
 _FREE: dict[int, list[mmap.mmap]] = {}  # size: freed mappings of that size

@@ -212,22 +212,53 @@ class Plan:
         as they lie (:meth:`blocks`, no copy), else its array, read ahead on
         threads while the caller writes the one before (:meth:`arrays`; a caller
         that drops the blocks before asking for the next keeps to the budget).
+
+        The few tensors that dwarf the rest -- over twice the fourth largest: an
+        embedding and its head beside a model's layers, or beside an unstacked
+        stack's -- stream as the source's blocks instead, in their turn, while the
+        others are read ahead: memory then holds about two of those, not two of
+        the largest tensor.
+
+        >>> from jaxshare.stream import TensorSource
+        >>> class Src(TensorSource):
+        ...     infos = {"big": ArrayInfo((64, 4), "float32"), "w": ArrayInfo((2, 3), "float32")}
+        ...     def read(self, name):
+        ...         return np.ones(self.infos[name].shape, np.float32)
+        >>> w = PlanEntry("k", "w", (1, 0), ArrayInfo((3, 2), "float32"))
+        >>> big = PlanEntry("big", "big", None, ArrayInfo((64, 4), "float32"))
+        >>> [(e.name, type(b).__name__) for e, b in Plan((w, big), AliasMap()).outputs(Src())]
+        [('k', 'tuple'), ('big', 'generator')]
         """
         if source.mapped:
             for entry in self.entries:
                 yield entry, self.blocks(source, entry)
             return
-        for entry, array in self.arrays(source):
-            yield entry, (array,)
-            del array  # Before the next is read.
+        sizes = sorted((e.info.nbytes for e in self.entries), reverse=True)
+        fourth = sizes[min(3, len(sizes) - 1)] if sizes else 0
+        streamed = {i for i, e in enumerate(self.entries) if e.info.nbytes > 2 * fourth}
+        ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
+                                            if i not in streamed))  # fmt: skip
+        arrays = ahead.arrays(source)
+        try:
+            for i, entry in enumerate(self.entries):
+                if i in streamed:
+                    yield entry, self.blocks(source, entry)
+                    continue
+                _, array = next(arrays)
+                yield entry, (array,)
+                del array  # Before the next is read.
+        finally:
+            arrays.close()
+
+    def _as_stored(self, source: TensorSource, entry: PlanEntry) -> bool:
+        """Whether ``entry`` is its source's tensor as stored (no cast, no transpose)."""
+        return entry.perm is None and source.infos[entry.source].dtype == entry.info.dtype
 
     def cost(self, source: TensorSource, entry: PlanEntry) -> int:
         """The most bytes reading ``entry`` holds at once: its output array, plus
         the source's array while a cast or transpose copies it."""
         out = entry.info.nbytes
-        if entry.perm is None and source.infos[entry.source].dtype == entry.info.dtype:
-            return out
-        return out + source.infos[entry.source].nbytes
+        return out if self._as_stored(source, entry) else out + source.infos[entry.source].nbytes
 
     def budget(self, source: TensorSource) -> int:
         """The bytes :meth:`arrays` may hold at once: twice the largest tensor (a

@@ -271,6 +271,40 @@ def test_save_plan_holds_about_two_arrays(tmp_path: Path) -> None:
     assert list(read_header(tmp_path / "out.safetensors").tensors) == list(source.infos)
 
 
+def test_a_large_tensor_stored_as_it_is_streams_while_the_small_made_ones_read_ahead() -> None:
+    # An unstacked stack's layers (transposed, made anew) beside an embedding many
+    # times larger (written as stored): the embedding is not read ahead with them,
+    # so memory holds about two layers and the embedding, not two embeddings' worth
+    # of layers read ahead while a slow writer writes.
+    import time
+    import tracemalloc
+
+    shapes = {f"params/layer_{i:02d}/kernel": (64, 256) for i in range(40)}
+    shapes["params/embedding"] = (2048, 256)  # 2 MiB; the layers 64 KiB each
+    source = CountingSource(shapes)
+    entries = [
+        PlanEntry(n if "layer" not in n else n + "_t", n, None if "layer" not in n else (1, 0),
+                  source.infos[n] if "layer" not in n else source.infos[n].permuted((1, 0)))
+        for n in shapes
+    ]  # fmt: skip
+    plan = Plan(tuple(entries[:4] + [entries[-1]] + entries[4:-1]), AliasMap())
+    names = []
+    tracemalloc.start()  # (numpy reports its arrays' memory to it.)
+    try:
+        for entry, blocks in plan.outputs(source):
+            names.append(entry.name)
+            for block in blocks:
+                assert block.nbytes
+            del blocks, block
+            time.sleep(0.01)  # A slow writer: what is read ahead fills the budget.
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    layer, embedding = 64 * 256 * 4, 2048 * 256 * 4
+    assert names == [e.name for e in plan.entries]
+    assert peak <= embedding + 8 * layer < 2 * embedding
+
+
 def test_entries_in_a_row_with_one_source_read_it_once(tmp_path: Path) -> None:
     shapes = _many(6)
     source = CountingSource(shapes)

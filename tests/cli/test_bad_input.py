@@ -429,14 +429,19 @@ def test_a_missing_parent_is_created_on_every_route(tmp_path, capsys):
 def test_a_failed_write_removes_the_parents_it_created(tmp_path, capsys, monkeypatch):
     src = write_item(tmp_path / "ckpt")
 
-    read = LeafReader.read
+    read, blocks = LeafReader.read, LeafReader.blocks
 
-    def full_disk(self, path):  # The first array is written; the disk fills up after.
-        if path != "b":
-            raise OSError(28, "No space left on device")
-        return read(self, path)
+    def full_disk(real):  # The first array is written; the disk fills up after.
+        def reader(self, path, *args):
+            if path != "b":
+                raise OSError(28, "No space left on device")
+            return real(self, path, *args)
 
-    monkeypatch.setattr(LeafReader, "read", full_disk)
+        return reader
+
+    # (Read whole and ahead, or streamed as blocks: whichever way the plan reads it.)
+    monkeypatch.setattr(LeafReader, "read", full_disk(read))
+    monkeypatch.setattr(LeafReader, "blocks", full_disk(blocks))
     assert main(["convert", "--quiet", str(src), str(tmp_path / "x/y/o.safetensors")]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
