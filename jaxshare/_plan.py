@@ -25,7 +25,7 @@ from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource
 
-__all__ = ["Plan", "PlanEntry", "PlannedSource", "ReadAhead"]
+__all__ = ["Plan", "PlanEntry", "PlannedSource", "ReadAhead", "dwarfs"]
 
 T = TypeVar("T")
 
@@ -233,9 +233,7 @@ class Plan:
             for entry in self.entries:
                 yield entry, self.blocks(source, entry)
             return
-        sizes = sorted((e.info.nbytes for e in self.entries), reverse=True)
-        fourth = sizes[min(3, len(sizes) - 1)] if sizes else 0
-        streamed = {i for i, e in enumerate(self.entries) if e.info.nbytes > 2 * fourth}
+        streamed = dwarfs([e.info.nbytes for e in self.entries])
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
                                             if i not in streamed))  # fmt: skip
         arrays = ahead.arrays(source)
@@ -256,9 +254,16 @@ class Plan:
 
     def cost(self, source: TensorSource, entry: PlanEntry) -> int:
         """The most bytes reading ``entry`` holds at once: its output array, plus
-        the source's array while a cast or transpose copies it."""
+        the source's array while a cast or transpose copies it -- unless that is
+        a view of a mapped file, or the source transposes as it reads (an item's
+        chunks, each transposed into place)."""
         out = entry.info.nbytes
-        return out if self._as_stored(source, entry) else out + source.infos[entry.source].nbytes
+        if self._as_stored(source, entry) or source.mapped:
+            return out
+        same = source.infos[entry.source].dtype == entry.info.dtype
+        if same and source.permutes_as_read(entry.source):
+            return out
+        return out + source.infos[entry.source].nbytes
 
     def budget(self, source: TensorSource) -> int:
         """The bytes :meth:`arrays` may hold at once: twice the largest tensor (a
@@ -349,6 +354,23 @@ class PlannedSource(TensorSource):
             return self._entries[name]
         except KeyError:
             raise KeyError(f"{self.where}: no tensor named {name!r}.") from None
+
+
+def dwarfs(sizes: Sequence[int]) -> set[int]:
+    """The indices of the few sizes that dwarf the rest: over twice the fourth
+    largest (an embedding and its head beside a model's layers).
+
+    Read ahead within a budget of two of the largest, they would hold many of the
+    rest at once, in memory made fresh for them, where two are all that keeps the
+    cores busy: conversions budget for the others and read these alone.
+
+    >>> sorted(dwarfs([10, 300, 12, 11, 10, 290]))
+    [1, 5]
+    """
+    if not sizes:
+        return set()
+    fourth = sorted(sizes, reverse=True)[min(3, len(sizes) - 1)]
+    return {i for i, n in enumerate(sizes) if n > 2 * fourth}
 
 
 class ReadAhead(Generic[T]):

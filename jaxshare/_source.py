@@ -101,6 +101,12 @@ class TensorSource(abc.ABC):
         transposed."""
         return None
 
+    def permutes_as_read(self, name: str) -> bool:
+        """Whether :meth:`permuted_array` makes the transposed ``name`` without
+        holding the stored array beside it (each chunk transposed into place), so
+        a transposed read costs its output's bytes alone."""
+        return False
+
     def permuted_blocks(self, name: str, perm: Perm) -> Iterable[np.ndarray] | None:
         """The tensor ``name`` transposed by ``perm``, in C order as blocks, read a
         block at a time, where the source can (an Orbax item's TensorStore view);

@@ -68,6 +68,9 @@ class CheckpointSource(TensorSource):
     def permuted_array(self, name: str, perm: Any) -> np.ndarray | None:
         return self._reader.read_permuted(name, perm)
 
+    def permutes_as_read(self, name: str) -> bool:
+        return self._reader.direct(name) is not None
+
     def permuted_blocks(self, name: str, perm: Any) -> Any:
         return self._reader.blocks(name, perm)
 

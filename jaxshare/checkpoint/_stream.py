@@ -56,7 +56,7 @@ from jaxshare._dtype import numpy_dtype
 from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
 from jaxshare._naming import stack_axis
 from jaxshare._output import OutputFile, atomic_output, fsync_dir, write_synced
-from jaxshare._plan import Plan, PlanEntry, ReadAhead
+from jaxshare._plan import Plan, PlanEntry, ReadAhead, dwarfs
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
 from jaxshare._threads import worker_count
@@ -392,12 +392,17 @@ def _plan_arrays(plan: Plan) -> tuple[list[_Array], dict[str, EmptyArray]]:
     return arrays, empty
 
 
-def _budget(plan: Plan, arrays: list[_Array]) -> int:
-    """The bytes the reads may hold at once: the plan's budget (two of the largest
-    output), a stack counted as the two layers it holds at a time, not whole."""
-    whole = [a.entry.info.nbytes for a in arrays if a.stack is None]
-    stacked = [_layer_cost(a) for a in arrays if a.stack is not None]
-    return max(2 * max(whole, default=0), *stacked, 1)
+def _budget(arrays: list[_Array], costs: list[int]) -> int:
+    """The bytes the reads may hold at once: two of the largest whole array (the
+    plan's budget), or a stack's two layers (a stack is read a layer at a time),
+    among the reads that do not dwarf the rest; one that does is read alone
+    (:func:`dwarfs`), once nothing else is held."""
+    big = dwarfs(costs)
+    return max(
+        (2 * a.entry.info.nbytes if a.stack is None else c
+         for i, (a, c) in enumerate(zip(arrays, costs, strict=True)) if i not in big),
+        default=1,
+    )  # fmt: skip
 
 
 def _layer_cost(array: _Array) -> int:
@@ -543,7 +548,7 @@ def _write_streamed(
             for a in arrays
         ]
         # The arrays' memory, freed, waits for the next of their size (pages resident).
-        with pooled(), ReadAhead(jobs, _budget(plan, arrays)) as ahead:
+        with pooled(), ReadAhead(jobs, _budget(arrays, [cost for cost, _ in jobs])) as ahead:
 
             def written(i: int) -> None:  # Its chunks on their way to the disk.
                 nonlocal done

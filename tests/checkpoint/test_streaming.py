@@ -180,6 +180,24 @@ def test_write_item_with_transposes_stays_within_the_budget(tmp_path: Path, flat
     assert flat(jc.restore(tmp_path / "ckpt"))["params/layer_00/kernel"].shape == (256, 256)
 
 
+def test_a_transposed_read_costs_the_source_only_where_it_is_held(tmp_path: Path) -> None:
+    """A transposed entry's read holds the stored array beside its output only
+    where the source makes it whole first: an item transposes chunk by chunk
+    into the output, so there the read costs its output alone, and the budget of
+    two of the largest tensor lets the next one be read while this one is
+    written."""
+    source = CountingSource({"params/w": (64, 32)})
+    entry = PlanEntry("w", "params/w", (1, 0), source.infos["params/w"].permuted((1, 0)))
+    plan, nbytes = Plan((entry,), AliasMap()), 64 * 32 * 4
+    assert not source.permutes_as_read("params/w")
+    assert plan.cost(source, entry) == 2 * nbytes  # Read whole, then transposed.
+    jc.write_item(tmp_path / "ckpt", Plan.identity(source), source)
+    with jc.open_source(tmp_path / "ckpt") as item:
+        assert item.permutes_as_read("params/w")
+        assert plan.cost(item, entry) == nbytes
+    assert plan.budget(source) == 2 * nbytes
+
+
 def test_arrays_are_stored_in_chunks_of_whole_rows_written_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

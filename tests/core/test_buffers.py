@@ -54,3 +54,21 @@ def test_outside_a_scope_nothing_is_kept_and_arrays_outlive_their_scope() -> Non
     assert _buffers._STATE["free"] == 0
     small = empty_array((4,), F32)  # Small arrays are numpy's own.
     assert small.base is None
+
+
+def test_a_waiting_mapping_up_to_twice_the_size_serves_a_smaller_array() -> None:
+    with pooled():
+        big = empty_array((3 * 2**18,), F32)  # 3 MiB
+        address = big.ctypes.data
+        del big
+        gc.collect()
+        small = empty_array((2**18,), F32)  # 1 MiB: 3 MiB is over twice that.
+        assert small.ctypes.data != address
+        half = empty_array((2**19 + 2**17,), F32)  # 2.5 MiB
+        assert half.ctypes.data == address and half.nbytes == 5 * 2**19
+        half[:] = 1
+        del half
+        gc.collect()
+        assert _buffers._STATE["free"] == 3 * 2**20  # Back at its own size.
+        again = empty_array((3 * 2**18,), F32)
+        assert again.ctypes.data == address
