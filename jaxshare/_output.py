@@ -420,9 +420,11 @@ class WriteBehind:
         _drop(self._f.fileno(), 0, 0)
 
 
-#: The staging buffers of :class:`OutputFile`: their size, and how many.
-DIRECT_STEP = 8 * 2**20
+#: The staging buffers of :class:`OutputFile`: their size, how many, and the
+#: threads writing them (the writes in flight).
+DIRECT_STEP = 32 * 2**20
 DIRECT_BUFFERS = 3
+DIRECT_WRITERS = 2
 # What O_DIRECT asks of a write's offset, length and memory (a logical block; any
 # file system's is at most a page).
 _ALIGN = 4096
@@ -433,10 +435,12 @@ class OutputFile:
 
     The bytes bypass the page cache (``O_DIRECT``): each write is copied into one
     of :data:`DIRECT_BUFFERS` staging buffers of :data:`DIRECT_STEP` bytes, kept
-    hot, and a thread hands each full buffer to the disk while the next fills, so
-    the disk always has work and the kernel neither copies the bytes again nor
-    keeps them. Through the page cache, the kernel's copy of 2.8 GB took about a
-    second of CPU here, on top of the writer's own. Where a file system refuses
+    hot, and :data:`DIRECT_WRITERS` threads hand the full buffers to the disk while
+    the next fills, so the disk always has work and the kernel neither copies the
+    bytes again nor keeps them. Through the page cache, the kernel's copy of 2.8 GB
+    took about a second of CPU here, on top of the writer's own. Two writes of 32
+    MiB in flight wrote 3 GB in 1.42-1.53 s here where one of 8 MiB took 1.79-1.93
+    s (and ``dd bs=16M oflag=direct`` 2.1-2.8 s). Where a file system refuses
     ``O_DIRECT``, the file is written through the page cache and handed on as it
     is written (:class:`WriteBehind`).
 
@@ -478,8 +482,12 @@ class OutputFile:
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._pending: deque[tuple[mmap.mmap, int, int] | None] = deque()
-        self._thread = threading.Thread(target=self._run, name="jaxshare-write", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name="jaxshare-write", daemon=True)
+            for _ in range(DIRECT_WRITERS)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def tell(self) -> int:
         """The bytes written so far (where the next write goes)."""
@@ -623,9 +631,10 @@ class OutputFile:
 
     def _stop(self) -> None:
         with self._cond:
-            self._pending.append(None)
+            self._pending.extend([None] * len(self._threads))
             self._cond.notify_all()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
         if self._error is not None:
             raise self._error
 

@@ -111,15 +111,17 @@ def test_write_array_writes_the_bytes_in_steps(tmp_path_factory, shape, dtype, s
     patches=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 40)), max_size=4),
     direct=st.booleans(),
     step=st.sampled_from([4096, 8192]),
+    writers=st.sampled_from([1, 2, 3]),
 )
 def test_every_byte_and_patch_written_is_in_the_file(
-    tmp_path_factory, monkeypatch_module, pieces, patches, direct, step
+    tmp_path_factory, monkeypatch_module, pieces, patches, direct, step, writers
 ):
     path = tmp_path_factory.mktemp("of") / "out"
     rng = np.random.default_rng(len(pieces))
     want = bytearray()
     with monkeypatch_module.context() as m:
         m.setattr(_output, "DIRECT_STEP", step)
+        m.setattr(_output, "DIRECT_WRITERS", writers)
         if not direct:
             m.delattr(os, "O_DIRECT", raising=False)
         with _output.OutputFile(path) as out:
