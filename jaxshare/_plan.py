@@ -10,7 +10,10 @@ directory) ask it for one output array at a time, read from the source with
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -25,7 +28,7 @@ from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource
 
-__all__ = ["Plan", "PlanEntry", "PlannedSource", "ReadAhead", "dwarfs"]
+__all__ = ["BlocksAhead", "Plan", "PlanEntry", "PlannedSource", "ReadAhead", "dwarfs"]
 
 T = TypeVar("T")
 
@@ -217,7 +220,9 @@ class Plan:
         embedding and its head beside a model's layers, or beside an unstacked
         stack's -- stream as the source's blocks instead, in their turn, while the
         others are read ahead: memory then holds about two of those, not two of
-        the largest tensor.
+        the largest tensor. Their blocks are made on a thread of their own
+        (:class:`BlocksAhead`) from the time the entry before them is handed out,
+        so the disk writes while they are decoded.
 
         >>> from jaxshare.stream import TensorSource
         >>> class Src(TensorSource):
@@ -227,7 +232,7 @@ class Plan:
         >>> w = PlanEntry("k", "w", (1, 0), ArrayInfo((3, 2), "float32"))
         >>> big = PlanEntry("big", "big", None, ArrayInfo((64, 4), "float32"))
         >>> [(e.name, type(b).__name__) for e, b in Plan((w, big), AliasMap()).outputs(Src())]
-        [('k', 'tuple'), ('big', 'generator')]
+        [('k', 'tuple'), ('big', 'BlocksAhead')]
         """
         if source.mapped:
             for entry in self.entries:
@@ -237,16 +242,28 @@ class Plan:
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
                                             if i not in streamed))  # fmt: skip
         arrays = ahead.arrays(source)
+        # A streamed entry's blocks are read on a thread of their own, from the time
+        # the entry before it is handed out: the disk writes while they are decoded.
+        next_blocks: BlocksAhead | None = None
         try:
             for i, entry in enumerate(self.entries):
                 if i in streamed:
-                    yield entry, self.blocks(source, entry)
-                    continue
-                _, array = next(arrays)
-                yield entry, (array,)
-                del array  # Before the next is read.
+                    blocks: Iterable[np.ndarray] = next_blocks or BlocksAhead(
+                        self.blocks(source, entry)
+                    )
+                    next_blocks = None
+                else:
+                    _, array = next(arrays)
+                    blocks = (array,)
+                    del array  # Before the next is read.
+                if i + 1 in streamed:
+                    next_blocks = BlocksAhead(self.blocks(source, self.entries[i + 1]))
+                yield entry, blocks
+                del blocks
         finally:
             arrays.close()
+            if next_blocks is not None:
+                next_blocks.close()
 
     def _as_stored(self, source: TensorSource, entry: PlanEntry) -> bool:
         """Whether ``entry`` is its source's tensor as stored (no cast, no transpose)."""
@@ -371,6 +388,76 @@ def dwarfs(sizes: Sequence[int]) -> set[int]:
         return set()
     fourth = sorted(sizes, reverse=True)[min(3, len(sizes) - 1)]
     return {i for i, n in enumerate(sizes) if n > 2 * fourth}
+
+
+class BlocksAhead(Iterator[np.ndarray]):
+    """The blocks of ``blocks`` (an iterable), made on a thread of their own at most
+    ``depth`` ahead of the caller. The thread stops, and closes ``blocks``, once
+    they are all taken, on :meth:`close`, or once this is dropped; an error in
+    making a block is raised to the caller in its place.
+
+    >>> list(BlocksAhead(iter([np.zeros(1), np.ones(1)])))
+    [array([0.]), array([1.])]
+    """
+
+    def __init__(self, blocks: Iterable[np.ndarray], depth: int = 2) -> None:
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(
+            target=_make_blocks, args=(blocks, self._queue, self._stop),
+            name="jaxshare-blocks", daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        # Dropped unfinished (a writer that failed): the thread stops, freeing its blocks.
+        self._finalizer = weakref.finalize(self, self._stop.set)
+
+    def __next__(self) -> np.ndarray:
+        if self._done:
+            raise StopIteration
+        ok, value = self._queue.get()
+        if ok and value is not None:
+            return value
+        self._done = True
+        self._thread.join()
+        if not ok:
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stops the thread (its current block made first) and drops what it made."""
+        self._stop.set()
+        self._done = True
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+
+
+def _make_blocks(
+    blocks: Iterable[np.ndarray], out: queue.Queue[tuple[bool, Any]], stop: threading.Event
+) -> None:
+    """:class:`BlocksAhead`'s thread: each block into ``out``, then ``(True, None)``,
+    or ``(False, error)``; it holds no reference to its :class:`BlocksAhead`."""
+
+    def put(item: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                out.put(item, timeout=0.05)
+                return True
+        return False
+
+    try:
+        for block in blocks:
+            if not put((True, block)):
+                return
+            del block
+        put((True, None))
+    except BaseException as e:  # Raised to the caller at its next block.
+        put((False, e))
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
 
 
 class ReadAhead(Generic[T]):

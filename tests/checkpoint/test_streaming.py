@@ -3,7 +3,9 @@ at a time; ``save_plan`` and ``ReadAhead`` hold about two arrays, never the mode
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
-from jaxshare._plan import ReadAhead
+from jaxshare._plan import BlocksAhead, ReadAhead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
@@ -377,6 +379,51 @@ def test_consolidating_a_streamed_item_gives_every_path(torch_file: Path, tmp_pa
 
 
 # --- ReadAhead ---------------------------------------------------------------------
+
+
+def _blocks_made(n: int, made: list[int], fail_at: int | None = None):
+    try:
+        for i in range(n):
+            if i == fail_at:
+                raise OSError(f"block {i} unreadable")
+            made.append(i)
+            yield np.full(4, i)
+    finally:
+        made.append(-1)  # Closed.
+
+
+def test_blocks_ahead_gives_every_block_in_order_made_at_most_depth_ahead() -> None:
+    made: list[int] = []
+    ahead = BlocksAhead(_blocks_made(6, made), depth=2)
+    first = next(ahead)
+    deadline = time.monotonic() + 5
+    while len(made) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert made == [0, 1, 2, 3]  # One taken, two queued, one waiting to be queued.
+    assert [int(b[0]) for b in [first, *ahead]] == list(range(6))
+    assert made[-1] == -1 and next(ahead, None) is None
+
+
+def test_blocks_ahead_raises_an_error_in_place_and_stops_when_closed_or_dropped() -> None:
+    made: list[int] = []
+    ahead = BlocksAhead(_blocks_made(6, made, fail_at=2))
+    assert [int(next(ahead)[0]) for _ in range(2)] == [0, 1]
+    with pytest.raises(OSError, match="block 2 unreadable"):
+        next(ahead)
+    before = threading.active_count()
+    for stop in ("close", "drop"):
+        made = []
+        ahead = BlocksAhead(_blocks_made(1000, made), depth=1)
+        next(ahead)
+        thread = ahead._thread
+        if stop == "close":
+            ahead.close()
+        del ahead
+        gc.collect()
+        thread.join(timeout=5)
+        assert not thread.is_alive() and made[-1] == -1 and len(made) < 10
+    assert threading.active_count() <= before
 
 
 def test_read_ahead_gives_values_in_order_within_its_budget() -> None:
