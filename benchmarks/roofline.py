@@ -134,6 +134,11 @@ def write_seconds(src: Path, dst: Path) -> float:
     """``cp`` + ``fsync`` of ``src`` (warm) to ``dst``."""
     warm(src)
     os.sync()
+    return cp_seconds(src, dst)
+
+
+def cp_seconds(src: Path, dst: Path) -> float:
+    """``cp`` + ``fsync`` of ``src`` to ``dst`` as it is (warm or cold); ``dst`` removed."""
     start = time.perf_counter()
     subprocess.run(["cp", str(src), str(dst)], check=True)
     fd = os.open(dst, os.O_RDONLY)
@@ -208,13 +213,7 @@ def cold_copy_seconds(src: Path, dst: Path) -> float:
     writes one disk, whose reads and writes share its bandwidth: here a cold copy
     takes about as long as the read and the write one after the other."""
     drop_cache(src)
-    start = time.perf_counter()
-    subprocess.run(["cp", str(src), str(dst)], check=True)
-    fd = os.open(dst, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
-    plain = time.perf_counter() - start
-    dst.unlink()
+    plain = cp_seconds(src, dst)
     drop_cache(src)
     step, size = 16 << 20, src.stat().st_size
     fin = os.open(src, os.O_RDONLY | os.O_DIRECT)

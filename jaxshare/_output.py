@@ -589,8 +589,8 @@ class OutputFile:
                 self._hand_on(DIRECT_STEP)
 
     def _hand_on(self, length: int) -> None:
-        """Hands the current buffer (``length`` bytes of it) to the writing thread and
-        takes a free one, waiting for the disk if none is."""
+        """Hands the current buffer (``length`` bytes of it) to the writing threads
+        and takes a free one, waiting for the disk if none is."""
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -605,7 +605,8 @@ class OutputFile:
         self._filled = 0
 
     def _run(self) -> None:
-        """The writing thread: each buffer handed on, in order, then back to the free."""
+        """A writing thread: each buffer handed on, at its offset (the threads' writes
+        in flight at once), then back to the free."""
         while True:
             with self._cond:
                 while not self._pending:

@@ -25,7 +25,6 @@ TensorStore, as before: :meth:`DirectArray.of` says ``None``.
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
@@ -134,13 +133,17 @@ class ChunkStore:
         if chunk.inline is not None:  # (Its offset is within the inline bytes.)
             target[:] = np.frombuffer(chunk.inline, np.uint8)[chunk.offset :][: len(target)]
             return
-        with _Range(chunk, self._short) as stream:
+        assert chunk.file is not None
+        fd = os.open(chunk.file, os.O_RDONLY)
+        try:
             view, done = target.data.cast("B"), 0
             while done < len(view):
-                n = stream.readinto(view[done:])
+                n = os.preadv(fd, [view[done:]], chunk.offset + done)
                 if n == 0:
                     raise ValueError(self._short(chunk, chunk.offset + done))
                 done += n
+        finally:
+            os.close(fd)
 
     def _short(self, chunk: Chunk, size: int) -> str:
         return (
@@ -165,34 +168,6 @@ class ChunkStore:
         """Lets go of the mapped files (views handed out keep their maps)."""
         with self._lock:
             self._maps.clear()
-
-
-class _Range(io.RawIOBase):
-    """The ``length`` bytes of a file from ``offset`` as a read-only stream, read
-    with large ``pread`` s (no page of the file mapped)."""
-
-    def __init__(self, chunk: Chunk, short: Callable[[Chunk, int], str]) -> None:
-        assert chunk.file is not None
-        self._fd = os.open(chunk.file, os.O_RDONLY)
-        self._chunk, self._short, self._at = chunk, short, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        want = min(len(buffer), self._chunk.length - self._at)
-        if want <= 0:
-            return 0
-        n = os.preadv(self._fd, [memoryview(buffer)[:want]], self._chunk.offset + self._at)
-        if n == 0:
-            raise ValueError(self._short(self._chunk, self._chunk.offset + self._at))
-        self._at += n
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
-        super().close()
 
 
 def _ocdbt_index(directory: Path) -> dict[str, Chunk]:
@@ -630,6 +605,8 @@ class DirectArray:
             dest = out[_index(at[p] for p in perm)]
             src = piece if piece.dtype == out.dtype else piece.astype(out.dtype)
             contiguous_transpose(src, perm, out=dest)
+        if not layout.zstd:
+            self.store.let_go(chunk)
 
     def _contiguous(
         self,
