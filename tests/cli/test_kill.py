@@ -100,9 +100,12 @@ def _kill_mid_write(argv: list[str], parent: Path, name: str, at_bytes: int) -> 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
-    """A 192 MiB safetensors file: large enough that a write takes a while."""
+    """A 192 MiB safetensors file: large enough that a write takes a while. Random
+    values, which zstd cannot shrink: constant ones compressed to a few KiB, and an
+    item from them was written whole before the watcher saw any of it."""
     path = tmp_path_factory.mktemp("big") / "big.safetensors"
-    save_file({f"w{i}": np.full((8 * MIB,), i, np.float32) for i in range(6)}, path)
+    rng = np.random.default_rng(0)
+    save_file({f"w{i}": rng.standard_normal(8 * MIB, np.float32) for i in range(6)}, path)
     return path
 
 
