@@ -30,8 +30,10 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# A worker that dies (a crash in native code) fails the run at once, naming the test it
+# ran, where a restarted worker could leave xdist waiting until CI's limit.
 test: lint
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --max-worker-restart=0
 
 # Benchmarks compare against peers (transformers 4.57, deepspeed, accelerate) that live
 # in their own venv, so they never change the tested set in .venv.

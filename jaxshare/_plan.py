@@ -245,12 +245,15 @@ class Plan:
         # A streamed entry's blocks are read on a thread of their own, from the time
         # the entry before it is handed out: the disk writes while they are decoded.
         next_blocks: BlocksAhead | None = None
+        current: BlocksAhead | None = None  # Closed once the caller moves on, or stops.
         try:
             for i, entry in enumerate(self.entries):
+                if current is not None:
+                    current.close()
+                    current = None
                 if i in streamed:
-                    blocks: Iterable[np.ndarray] = next_blocks or BlocksAhead(
-                        self.blocks(source, entry)
-                    )
+                    current = next_blocks or BlocksAhead(self.blocks(source, entry))
+                    blocks: Iterable[np.ndarray] = current
                     next_blocks = None
                 else:
                     _, array = next(arrays)
@@ -262,8 +265,9 @@ class Plan:
                 del blocks
         finally:
             arrays.close()
-            if next_blocks is not None:
-                next_blocks.close()
+            for ahead_blocks in (current, next_blocks):
+                if ahead_blocks is not None:
+                    ahead_blocks.close()
 
     def _as_stored(self, source: TensorSource, entry: PlanEntry) -> bool:
         """Whether ``entry`` is its source's tensor as stored (no cast, no transpose)."""
