@@ -95,6 +95,9 @@ class DeclaredTies(TensorSource):
     def blocks(self, name: str) -> Any:
         return self._source.blocks(name)
 
+    def extents(self, name: str) -> Any:
+        return self._source.extents(name)
+
     def read_slice(self, name: str, index: Any) -> np.ndarray:
         return self._source.read_slice(name, index)
 

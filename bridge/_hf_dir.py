@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +222,9 @@ class HFDirectory(TensorSource):
 
     def blocks(self, name: str) -> Iterable[np.ndarray]:
         return self._shard(name).blocks(name)
+
+    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+        return self._shard(name).extents(name)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return self._shard(name).read_slice(name, index)

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["copy_view", "map_file", "write_array"]
+__all__ = ["copy_view", "file_extent", "map_file", "write_array"]
 
 #: id(mmap) -> (first address, length, the open file it maps), while the map lives.
 _MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
@@ -68,16 +68,37 @@ def _forget(key: int) -> None:
         entry[2].close()
 
 
-def _file_range(view: np.ndarray) -> tuple[int, int] | None:
-    """``(fd, offset)`` of a C-contiguous view of a mapped file, else ``None``."""
+def _mapped_at(view: np.ndarray) -> tuple[BinaryIO, int] | None:
+    """The open file a C-contiguous view of a mapped file lies in, and its offset
+    there; ``None`` for any other array."""
     if not view.flags.c_contiguous or not view.nbytes:
         return None
     address = view.ctypes.data
     with _LOCK:
         for start, length, f in _MAPS.values():
             if start <= address and address + view.nbytes <= start + length:
-                return f.fileno(), address - start
+                return f, address - start
     return None
+
+
+def _file_range(view: np.ndarray) -> tuple[int, int] | None:
+    """``(fd, offset)`` of a C-contiguous view of a mapped file, else ``None``."""
+    found = _mapped_at(view)
+    return None if found is None else (found[0].fileno(), found[1])
+
+
+def file_extent(view: np.ndarray) -> tuple[str, int, int] | None:
+    """Where a view of a file :func:`map_file` mapped lies: ``(path, offset,
+    length)``; ``None`` for an array in memory (or a copy-on-write map's).
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+    >>> _ = path.write_bytes(b"abcdef")
+    >>> file_extent(map_file(path)[2:5])[1:], file_extent(np.zeros(3))
+    ((2, 3), None)
+    """
+    found = _mapped_at(view)
+    return None if found is None else (os.fspath(found[0].name), found[1], view.nbytes)
 
 
 def copy_view(view: np.ndarray, out: BinaryIO) -> bool:

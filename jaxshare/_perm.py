@@ -168,12 +168,13 @@ _TILE_LAST = 512
 
 
 def contiguous_transpose(
-    x: np.ndarray, perm: Perm | None, *, out: np.ndarray | None = None
+    x: np.ndarray, perm: Perm | None, *, out: np.ndarray | None = None, threads: bool = True
 ) -> np.ndarray:
     """A C-ordered numpy array holding ``x`` transposed by ``perm`` (``x`` itself,
     made C-ordered, for ``None``); or ``out`` filled instead: an array (or a view
     of one, e.g. a region of a larger array) of the transposed shape and ``x``'s
-    dtype.
+    dtype. ``threads=False``: on the calling thread alone (a caller that already
+    runs such copies on several threads: more threads than cores only contend).
 
     A transposing copy done in one sweep reads memory with large strides and
     moves about 1.4 GB/s on a core here; so it moves tiles (:data:`_TILE` by
@@ -203,38 +204,59 @@ def contiguous_transpose(
     inner = int(np.argmin(np.abs(view.strides))) if view.ndim > 1 else 0
     tiled = inner != view.ndim - 1 and view.shape[inner] > 1 and view.shape[-1] > 1
     workers = worker_count()
-    if x.nbytes < _PARALLEL_BYTES or workers < 2 or view.shape[0] < workers:
-        _copy_band(out, view, inner, 0, view.shape[0], tiled)
+    rows, cols = view.shape[0], view.shape[-1]
+    if x.nbytes < _PARALLEL_BYTES or workers < 2 or not threads:
+        _copy_band(out, view, inner, 0, rows, tiled)
         return out
-    # More bands than threads, so that they share the work evenly (bands of whole
-    # tiles where the tiles run along the first axis).
-    step = -(-view.shape[0] // (4 * workers))
+    # More pieces than threads, so that they share the work evenly: bands of the
+    # first axis (of whole tiles where the tiles run along it), and where those are
+    # too few (a band of a transposed matrix's rows), split along the last axis too.
+    step = -(-rows // (4 * workers))
     if tiled and inner == 0:
         step = -(-step // _TILE) * _TILE
+    width = cols
+    if -(-rows // step) < 2 * workers and tiled and inner == 0:
+        width = -(-cols // (4 * workers))
+        width = -(-width // _TILE_LAST) * _TILE_LAST
+    pieces = [(lo, b) for lo in range(0, rows, step) for b in range(0, cols, width)]
+    if len(pieces) < 2:
+        _copy_band(out, view, inner, 0, rows, tiled)
+        return out
 
-    def copy(lo: int) -> None:
-        _copy_band(out, view, inner, lo, min(lo + step, view.shape[0]), tiled)
+    def copy(piece: tuple[int, int]) -> None:
+        lo, b = piece
+        _copy_band(out, view, inner, lo, min(lo + step, rows), tiled, (b, min(b + width, cols)))
 
     with ThreadPoolExecutor(workers, thread_name_prefix="jaxshare-transpose") as pool:
-        list(pool.map(copy, range(0, view.shape[0], step)))
+        list(pool.map(copy, pieces))
     return out
 
 
 def _copy_band(
-    out: np.ndarray, view: np.ndarray, inner: int, lo: int, hi: int, tiled: bool
+    out: np.ndarray,
+    view: np.ndarray,
+    inner: int,
+    lo: int,
+    hi: int,
+    tiled: bool,
+    cols: tuple[int, int] | None = None,
 ) -> None:
-    """``out[lo:hi] = view[lo:hi]`` (along the first axis); ``tiled``: in tiles
-    over the axes ``inner`` and the last."""
-    if not tiled:
-        out[lo:hi] = view[lo:hi]
-        return
+    """``out[lo:hi] = view[lo:hi]`` (along the first axis; ``cols``: only that
+    range of the last); ``tiled``: in tiles over the axes ``inner`` and the last."""
     last = view.ndim - 1
+    start, stop = cols if cols is not None else (0, view.shape[last])
     index: list[slice] = [slice(None)] * view.ndim
     index[0] = slice(lo, hi)
+    if not tiled:
+        if last:
+            index[last] = slice(start, stop)
+        where = tuple(index)
+        out[where] = view[where]
+        return
     first, end = (lo, hi) if inner == 0 else (0, view.shape[inner])
     for a in range(first, end, _TILE):
         index[inner] = slice(a, min(a + _TILE, end))
-        for b in range(0, view.shape[last], _TILE_LAST):
-            index[last] = slice(b, b + _TILE_LAST)
+        for b in range(start, stop, _TILE_LAST):
+            index[last] = slice(b, min(b + _TILE_LAST, stop))
             where = tuple(index)
             out[where] = view[where]

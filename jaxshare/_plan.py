@@ -11,6 +11,7 @@ directory) ask it for one output array at a time, read from the source with
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import threading
 import weakref
@@ -25,10 +26,19 @@ from jaxshare._alias import AliasMap
 from jaxshare._buffers import pooled
 from jaxshare._dtype import cast_to, numpy_dtype
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
+from jaxshare._prefetch import Prefetch
 from jaxshare._report import ArrayInfo
 from jaxshare._source import Index, TensorSource
 
-__all__ = ["BlocksAhead", "Plan", "PlanEntry", "PlannedSource", "ReadAhead", "dwarfs"]
+__all__ = [
+    "BlocksAhead",
+    "Plan",
+    "PlanEntry",
+    "PlannedSource",
+    "ReadAhead",
+    "SharedRead",
+    "dwarfs",
+]
 
 T = TypeVar("T")
 
@@ -172,6 +182,32 @@ class Plan:
         memory within the budget. Entries in a row with one source (a canonical
         and an alias written out transposed) read it once.
         """
+        # The arrays' memory, freed, waits for the next of their size (pages resident).
+        with pooled(), self.prefetch(source) as input_ahead, self._read_ahead(source) as ahead:
+            arrays = iter(ahead)  # No zip: it would keep the last array until the next.
+            for done, entry in enumerate(self.entries, 1):
+                input_ahead.reached(done - 1)
+                array = next(arrays)
+                yield entry, array
+                del array
+                if progress is not None:
+                    progress(done, len(self.entries), entry.name, entry.info.nbytes)
+
+    def prefetch(
+        self, source: TensorSource, entries: Sequence[PlanEntry] | None = None
+    ) -> Prefetch:
+        """Has the kernel read the input of ``entries`` (by default the plan's), in
+        order, ahead of a conversion that calls :meth:`Prefetch.reached` as it
+        starts each (see :mod:`jaxshare._prefetch`); closed at the end."""
+        chosen = self.entries if entries is None else tuple(entries)
+        return Prefetch(
+            lambda i: source.extents(chosen[i].source),
+            [source.infos[e.source].nbytes for e in chosen],
+        )
+
+    def _read_ahead(self, source: TensorSource) -> ReadAhead[np.ndarray]:
+        """The entries' arrays read on threads, in order, within :meth:`budget`
+        (started at once; see :meth:`arrays`)."""
         entries = self.entries
         again = [i + 1 < len(entries) and entries[i + 1].source == e.source
                  for i, e in enumerate(entries)]  # fmt: skip
@@ -198,15 +234,7 @@ class Plan:
             return self._converted(source, entry, x)
 
         jobs = [(self.cost(source, e), partial(read, i)) for i, e in enumerate(entries)]
-        # The arrays' memory, freed, waits for the next of their size (pages resident).
-        with pooled(), ReadAhead(jobs, self.budget(source)) as ahead:
-            arrays = iter(ahead)  # No zip: it would keep the last array until the next.
-            for done, entry in enumerate(self.entries, 1):
-                array = next(arrays)
-                yield entry, array
-                del array
-                if progress is not None:
-                    progress(done, len(self.entries), entry.name, entry.info.nbytes)
+        return ReadAhead(jobs, self.budget(source))
 
     def outputs(
         self, source: TensorSource
@@ -222,7 +250,9 @@ class Plan:
         others are read ahead: memory then holds about two of those, not two of
         the largest tensor. Their blocks are made on a thread of their own
         (:class:`BlocksAhead`) from the time the entry before them is handed out,
-        so the disk writes while they are decoded.
+        so the disk writes while they are decoded, and the others are read ahead
+        from the start. Streamed entries in a row with one source (an embedding
+        and its tied head written out transposed) decode it once.
 
         >>> from jaxshare.stream import TensorSource
         >>> class Src(TensorSource):
@@ -235,39 +265,78 @@ class Plan:
         [('k', 'tuple'), ('big', 'BlocksAhead')]
         """
         if source.mapped:
-            for entry in self.entries:
-                yield entry, self.blocks(source, entry)
+            with self.prefetch(source) as input_ahead:
+                for i, entry in enumerate(self.entries):
+                    input_ahead.reached(i)
+                    yield entry, self.blocks(source, entry)
             return
         streamed = dwarfs([e.info.nbytes for e in self.entries])
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
                                             if i not in streamed))  # fmt: skip
-        arrays = ahead.arrays(source)
-        # A streamed entry's blocks are read on a thread of their own, from the time
-        # the entry before it is handed out: the disk writes while they are decoded.
-        next_blocks: BlocksAhead | None = None
-        current: BlocksAhead | None = None  # Closed once the caller moves on, or stops.
-        try:
-            for i, entry in enumerate(self.entries):
-                if current is not None:
-                    current.close()
-                    current = None
-                if i in streamed:
-                    current = next_blocks or BlocksAhead(self.blocks(source, entry))
-                    blocks: Iterable[np.ndarray] = current
-                    next_blocks = None
-                else:
-                    _, array = next(arrays)
-                    blocks = (array,)
-                    del array  # Before the next is read.
-                if i + 1 in streamed:
-                    next_blocks = BlocksAhead(self.blocks(source, self.entries[i + 1]))
-                yield entry, blocks
-                del blocks
-        finally:
-            arrays.close()
-            for ahead_blocks in (current, next_blocks):
-                if ahead_blocks is not None:
-                    ahead_blocks.close()
+        make_blocks = self._streamed_blocks(source, streamed)
+        # The others are read ahead from the start, while the first streamed ones are;
+        # their memory, freed, waits for the next of their size (pages resident).
+        with (
+            pooled(),
+            self.prefetch(source) as input_ahead,
+            ahead._read_ahead(source) as reader,
+        ):
+            arrays = iter(reader)  # No zip: it would keep the last array until the next.
+            # A streamed entry's blocks are read on a thread of their own, from the time
+            # the entry before it is handed out: the disk writes while they are decoded.
+            next_blocks: BlocksAhead | None = None
+            current: BlocksAhead | None = None  # Closed once the caller moves on, or stops.
+            try:
+                for i, entry in enumerate(self.entries):
+                    input_ahead.reached(i)
+                    if current is not None:
+                        current.close()
+                        current = None
+                    if i in streamed:
+                        current = next_blocks or BlocksAhead(make_blocks(i))
+                        blocks: Iterable[np.ndarray] = current
+                        next_blocks = None
+                    else:
+                        array = next(arrays)
+                        blocks = (array,)
+                        del array  # Before the next is read.
+                    if i + 1 in streamed:
+                        next_blocks = BlocksAhead(make_blocks(i + 1))
+                    yield entry, blocks
+                    del blocks
+            finally:
+                for ahead_blocks in (current, next_blocks):
+                    if ahead_blocks is not None:
+                        ahead_blocks.close()
+
+    def _streamed_blocks(
+        self, source: TensorSource, streamed: set[int]
+    ) -> Callable[[int], Iterable[np.ndarray]]:
+        """``blocks(i)``: the blocks of the streamed entry ``i``. Streamed entries in
+        a row that read one source (an embedding and its tied head written out
+        transposed) read it once, whole, and each makes its blocks from it
+        (:class:`SharedRead`): the source is decoded once, not once per entry."""
+        entries = self.entries
+        shared: dict[int, SharedRead] = {}
+        runs = itertools.groupby(
+            range(len(entries)), key=lambda k: entries[k].source if k in streamed else None
+        )
+        for name, run in runs:
+            group = list(run)
+            if (
+                name is not None
+                and len(group) > 1
+                and all(source.infos[name].dtype == entries[k].info.dtype for k in group)
+            ):
+                read = SharedRead(partial(source.array, name), len(group))
+                shared.update(dict.fromkeys(group, read))
+
+        def blocks(i: int) -> Iterable[np.ndarray]:
+            if i in shared:
+                return shared[i].blocks(entries[i].perm)
+            return self.blocks(source, entries[i])
+
+        return blocks
 
     def _as_stored(self, source: TensorSource, entry: PlanEntry) -> bool:
         """Whether ``entry`` is its source's tensor as stored (no cast, no transpose)."""
@@ -392,6 +461,48 @@ def dwarfs(sizes: Sequence[int]) -> set[int]:
         return set()
     fourth = sorted(sizes, reverse=True)[min(3, len(sizes) - 1)]
     return {i for i, n in enumerate(sizes) if n > 2 * fourth}
+
+
+class SharedRead:
+    """One source array read once, whole, for ``users`` outputs that each take it
+    in blocks (:meth:`blocks`, transposed or as it is); it is let go once the last
+    of them has taken its blocks.
+
+    Args:
+      read: reads the array (called once, by the first to ask for blocks).
+      users: how many will call :meth:`blocks`.
+
+    >>> shared = SharedRead(lambda: np.arange(6, dtype=np.float32).reshape(2, 3), users=2)
+    >>> [b.tolist() for b in shared.blocks((1, 0), block_bytes=8)]
+    [[[0.0, 3.0]], [[1.0, 4.0]], [[2.0, 5.0]]]
+    >>> [b.shape for b in shared.blocks(None)]
+    [(2, 3)]
+    """
+
+    def __init__(self, read: Callable[[], np.ndarray], users: int) -> None:
+        self._read = read
+        self._users = users
+        self._array: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def blocks(self, perm: Perm | None, *, block_bytes: int = 16 * 2**20) -> Iterator[np.ndarray]:
+        """The array (transposed by ``perm``) in C order: itself whole, or its
+        transpose in bands of the output's first axis of about ``block_bytes``."""
+        with self._lock:
+            if self._array is None:
+                self._array = self._read()
+            x = self._array
+            self._users -= 1
+            if not self._users:  # The last: the array goes once its blocks are written.
+                self._array = None
+        if perm is None or x.ndim == 0:
+            yield x
+            return
+        axis = perm[0]  # The axis of `x` along the output's first.
+        rows = max(1, block_bytes // max(1, x.nbytes // max(1, x.shape[axis])))
+        for lo in range(0, x.shape[axis], rows):
+            band = x[(slice(None),) * axis + (slice(lo, lo + rows),)]
+            yield contiguous_transpose(band, perm)
 
 
 class BlocksAhead(Iterator[np.ndarray]):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -93,6 +93,14 @@ class TensorSource(abc.ABC):
         of the source's own memory where it has them (a mapped partition, a chunk),
         so a writer that streams bytes needs no copy of the whole tensor."""
         yield self.array(name)
+
+    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+        """Where the bytes a read of ``name`` lies in the source's files, as
+        ``(path, offset, length)`` ranges, so that a conversion can have the
+        kernel read them ahead (:class:`jaxshare._prefetch.Prefetch`); none where
+        the source does not say (the default: it holds them in memory, or reads
+        them otherwise)."""
+        return ()
 
     def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
         """The tensor ``name`` transposed by ``perm`` into one new C-ordered array,

@@ -604,7 +604,7 @@ class DirectArray:
         else:  # Transposed into place, tile by tile.
             dest = out[_index(at[p] for p in perm)]
             src = piece if piece.dtype == out.dtype else piece.astype(out.dtype)
-            contiguous_transpose(src, perm, out=dest)
+            contiguous_transpose(src, perm, out=dest, threads=False)  # (On parallel_map's.)
         if not layout.zstd:
             self.store.let_go(chunk)
 

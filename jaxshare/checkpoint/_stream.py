@@ -548,7 +548,11 @@ def _write_streamed(
             for a in arrays
         ]
         # The arrays' memory, freed, waits for the next of their size (pages resident).
-        with pooled(), ReadAhead(jobs, _budget(arrays, [cost for cost, _ in jobs])) as ahead:
+        with (
+            pooled(),
+            plan.prefetch(source, [a.entry for a in arrays]) as input_ahead,
+            ReadAhead(jobs, _budget(arrays, [cost for cost, _ in jobs])) as ahead,
+        ):
 
             def written(i: int) -> None:  # Its chunks on their way to the disk.
                 nonlocal done
@@ -559,6 +563,7 @@ def _write_streamed(
                     progress(done, total, entry.name, entry.info.nbytes)
 
             for i, value in ahead.held():
+                input_ahead.reached(i)
                 writer.write(i, value, partial(written, i))
                 del value  # (Its chunks hold it until they are written.)
             hashes = writer.finish()

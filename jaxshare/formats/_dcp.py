@@ -1111,6 +1111,12 @@ class DCPFolder(TensorSource):
         """:meth:`array`."""
         return self.array(name)
 
+    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+        return [
+            (os.fspath(self.folder / c.record.file), c.record.offset, c.record.length)
+            for c in self._filled(self._item(name))
+        ]
+
     def blocks(self, name: str) -> Iterator[np.ndarray]:
         """Tensor ``name`` in C order as blocks end to end: its chunks as views
         of the mapped files where they are whole rows (one chunk, or chunks that

@@ -50,6 +50,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import is_floating
+from jaxshare._mapped import file_extent
 from jaxshare._memory import array_key, memory_ties
 from jaxshare._report import ArrayInfo, format_bytes
 from jaxshare._source import Index, TensorSource
@@ -643,6 +644,9 @@ class DeepSpeedCheckpoint(TensorSource):
     def blocks(self, name: str) -> Iterator[np.ndarray]:
         """:meth:`pieces`: writers stream them with no copy."""
         return iter(self.pieces(name))
+
+    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+        return [e for e in map(file_extent, self.pieces(name)) if e is not None]
 
     def array(self, name: str) -> np.ndarray:
         """Tensor ``name`` (or, for an alias, its canonical's values) as a numpy

@@ -399,6 +399,11 @@ class SafetensorsFile(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return np.array(self.array(name)[index])
 
+    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+        entry = self.header.tensors[name]
+        start = self.header.data_start + entry.begin
+        return ((os.fspath(self.header.path), start, entry.end - entry.begin),)
+
     def array(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a read-only numpy array over the file's pages."""
         try:

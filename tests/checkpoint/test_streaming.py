@@ -357,6 +357,35 @@ def test_a_checkpoint_source_streams_into_safetensors_in_torch_names(
             assert got.array(name).tobytes() == want.array(name).tobytes(), name
 
 
+def test_streamed_entries_in_a_row_with_one_source_decode_it_once(tmp_path: Path) -> None:
+    # An embedding that dwarfs the layers, written out twice in a row (as a tied head,
+    # transposed, then itself): streamed in blocks, from one read of the source.
+    shapes = {**{f"layer_{i}": (16, 16) for i in range(6)}, "wte": (2048, 48)}
+
+    class Ranged(CountingSource):  # Values that tell a transpose from its source.
+        def read(self, name: str) -> np.ndarray:
+            x = super().read(name)
+            return x + np.arange(x.size, dtype=np.float32).reshape(x.shape)
+
+    source = Ranged(shapes)
+    wte = source.infos["wte"]
+    entries = [
+        PlanEntry("head", "wte", (1, 0), wte.permuted((1, 0))),
+        PlanEntry("wte", "wte", None, wte),
+        *(PlanEntry(n, n, None, source.infos[n]) for n in shapes if n != "wte"),
+    ]
+    plan = Plan(tuple(entries), AliasMap())
+    kinds = {e.name: type(b).__name__ for e, b in plan.outputs(source)}
+    assert kinds["head"] == kinds["wte"] == "BlocksAhead"
+    source.reads.clear()
+    save_plan(tmp_path / "out.safetensors", plan, source)
+    assert source.reads.count("wte") == 1 and len(source.reads) == 7
+    with SafetensorsFile(tmp_path / "out.safetensors") as got:
+        want = np.arange(2048 * 48, dtype=np.float32).reshape(2048, 48) + source.reads.index("wte")
+        np.testing.assert_array_equal(got.array("wte"), want)
+        np.testing.assert_array_equal(got.array("head"), want.T)
+
+
 def test_consolidating_a_streamed_item_gives_every_path(torch_file: Path, tmp_path: Path) -> None:
     with SafetensorsFile(torch_file) as source:
         plan = bridge.flax_plan(source)

@@ -58,7 +58,12 @@ def test_out_may_be_a_region_of_a_larger_array():
 
 @pytest.mark.parametrize(
     "shape, dtype",
-    [((1536, 6144), np.float32), ((64, 3, 3, 2048), ml_dtypes.bfloat16), ((4097, 1025), np.int64)],
+    [
+        ((1536, 6144), np.float32),
+        ((64, 3, 3, 2048), ml_dtypes.bfloat16),
+        ((4097, 1025), np.int64),
+        ((50257, 83), np.float32),  # a band of a transposed embedding: few rows out
+    ],
 )
 def test_large_arrays_of_every_layout(shape, dtype):
     x = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
