@@ -15,22 +15,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
-from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
-from rich.text import Text
-
 from jaxshare.internal import format_bytes
 from jaxshare.stream import ProgressFn, TieReport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich is imported where it draws (a summary line needs none of it).
+    from rich.console import Console
+    from rich.table import Table
+
     from bridge import CheckReport, VerifyReport
 
 __all__ = ["print_check", "print_report", "print_verify", "progress_bar", "report_lines"]
 
 
 def _console(stream: TextIO) -> Console:
+    from rich.console import Console
+
     # Off a terminal: no colour, and a width no table reaches, so lines never wrap.
     if stream.isatty():
         return Console(file=stream, highlight=False)
@@ -38,6 +37,10 @@ def _console(stream: TextIO) -> Console:
 
 
 def _table(report: TieReport, terminal: bool) -> Table:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(
         box=box.SIMPLE_HEAD if terminal else None,
         show_edge=False,
@@ -80,6 +83,8 @@ def report_lines(report: TieReport) -> tuple[str, str]:
 
 def print_report(report: TieReport, stream: TextIO | None = None) -> None:
     """Prints ``report``: a heading, the tie groups as a table, the byte counts."""
+    from rich.text import Text
+
     stream = stream or sys.stdout
     console = _console(stream)
     heading, summary = report_lines(report)
@@ -118,6 +123,8 @@ def print_report(report: TieReport, stream: TextIO | None = None) -> None:
 def print_check(report: CheckReport, stream: TextIO | None = None) -> None:
     """Prints ``report`` (:func:`bridge.check`'s): one line per finding, the notes,
     the summary."""
+    from rich.text import Text
+
     console = _console(stream or sys.stdout)
     for line in report.lines():
         console.print(Text(line))
@@ -126,6 +133,8 @@ def print_check(report: CheckReport, stream: TextIO | None = None) -> None:
 def print_verify(report: VerifyReport, stream: TextIO | None = None) -> None:
     """Prints ``report`` (:func:`bridge.verify`'s): one line per finding (the first
     ``limit`` differences), the notes, the summary."""
+    from rich.text import Text
+
     console = _console(stream or sys.stdout)
     for line in report.lines():
         console.print(Text(line))
@@ -150,10 +159,9 @@ def progress_bar(
         yield None
         return
     stream = stream or sys.stderr
-    console = _console(stream)
     start = time.monotonic()
     state = {"done": 0, "bytes": 0}
-    if not stream.isatty():
+    if not stream.isatty():  # One plain line: rich is not even imported.
 
         def record(done: int, total: int, name: str, nbytes: int) -> None:
             state["done"] = done
@@ -161,13 +169,21 @@ def progress_bar(
 
         yield record
         seconds = max(time.monotonic() - start, 1e-9)
-        console.print(
-            Text(
-                f"{state['done']} {what}, {format_bytes(state['bytes'])} in {seconds:.1f} s "
-                f"({_rate(state['bytes'] / seconds)})"
-            )
+        print(
+            f"{state['done']} {what}, {format_bytes(state['bytes'])} in {seconds:.1f} s "
+            f"({_rate(state['bytes'] / seconds)})",
+            file=stream,
         )
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    console = _console(stream)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
