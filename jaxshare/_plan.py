@@ -250,9 +250,9 @@ class Plan:
         others are read ahead: memory then holds about two of those, not two of
         the largest tensor. Their blocks are made on a thread of their own
         (:class:`BlocksAhead`) from the time the entry before them is handed out,
-        so the disk writes while they are decoded, and the others are read ahead
-        from the start. Streamed entries in a row with one source (an embedding
-        and its tied head written out transposed) decode it once.
+        so the disk writes while they are decoded. Streamed entries in a row with
+        one source (an embedding and its tied head written out transposed) decode
+        it once.
 
         >>> from jaxshare.stream import TensorSource
         >>> class Src(TensorSource):
@@ -274,14 +274,13 @@ class Plan:
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
                                             if i not in streamed))  # fmt: skip
         make_blocks = self._streamed_blocks(source, streamed)
-        # The others are read ahead from the start, while the first streamed ones are;
-        # their memory, freed, waits for the next of their size (pages resident).
-        with (
-            pooled(),
-            self.prefetch(source) as input_ahead,
-            ahead._read_ahead(source) as reader,
-        ):
-            arrays = iter(reader)  # No zip: it would keep the last array until the next.
+        # The others are read ahead once the first of them is asked for (from the
+        # start, it held two more of them beside a streamed embedding: unstacking
+        # went over its memory bound); their memory, freed, waits for the next of
+        # their size (pages resident).
+        reader: ReadAhead[np.ndarray] | None = None
+        arrays: Iterator[np.ndarray] = iter(())
+        with pooled(), self.prefetch(source) as input_ahead:
             # A streamed entry's blocks are read on a thread of their own, from the time
             # the entry before it is handed out: the disk writes while they are decoded.
             next_blocks: BlocksAhead | None = None
@@ -297,6 +296,9 @@ class Plan:
                         blocks: Iterable[np.ndarray] = current
                         next_blocks = None
                     else:
+                        if reader is None:
+                            reader = ahead._read_ahead(source)
+                            arrays = iter(reader)  # No zip: it would keep the last array.
                         array = next(arrays)
                         blocks = (array,)
                         del array  # Before the next is read.
@@ -308,6 +310,8 @@ class Plan:
                 for ahead_blocks in (current, next_blocks):
                     if ahead_blocks is not None:
                         ahead_blocks.close()
+                if reader is not None:
+                    reader.close()
 
     def _streamed_blocks(
         self, source: TensorSource, streamed: set[int]
