@@ -32,7 +32,7 @@ from bridge._hf_config import ConfigTies, config_dict, config_ties, encoder_deco
 from bridge._rules import Rules, as_rules
 from jaxshare import AliasMap
 from jaxshare.formats import CONFIG_FILE, hf_layout, open_weights_file, read_index
-from jaxshare.internal import Index, file_part
+from jaxshare.internal import FileRange, Index, file_part
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["HFDirectory"]
@@ -223,7 +223,7 @@ class HFDirectory(TensorSource):
     def blocks(self, name: str) -> Iterable[np.ndarray]:
         return self._shard(name).blocks(name)
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         return self._shard(name).extents(name)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:

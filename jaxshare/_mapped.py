@@ -20,7 +20,10 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["copy_view", "file_extent", "map_file", "write_array"]
+__all__ = ["FileRange", "copy_view", "file_extent", "map_file", "write_array"]
+
+#: A range of a file: ``(path, offset, length)``.
+FileRange = tuple[str, int, int]
 
 #: id(mmap) -> (first address, length, the open file it maps), while the map lives.
 _MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
@@ -87,7 +90,7 @@ def _file_range(view: np.ndarray) -> tuple[int, int] | None:
     return None if found is None else (found[0].fileno(), found[1])
 
 
-def file_extent(view: np.ndarray) -> tuple[str, int, int] | None:
+def file_extent(view: np.ndarray) -> FileRange | None:
     """Where a view of a file :func:`map_file` mapped lies: ``(path, offset,
     length)``; ``None`` for an array in memory (or a copy-on-write map's).
 

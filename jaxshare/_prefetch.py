@@ -27,10 +27,9 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
-__all__ = ["STEP", "WINDOW", "Extent", "Prefetch"]
+from jaxshare._mapped import FileRange
 
-#: A file range: ``(path, offset, length)``.
-Extent = tuple[str, int, int]
+__all__ = ["STEP", "WINDOW", "Prefetch"]
 
 #: How far ahead of the tensor a conversion has reached its input is read.
 WINDOW = 128 * 2**20
@@ -61,7 +60,7 @@ class Prefetch:
 
     def __init__(
         self,
-        extents: Callable[[int], Sequence[Extent]],
+        extents: Callable[[int], Sequence[FileRange]],
         sizes: Sequence[int],
         *,
         window: int = WINDOW,

@@ -23,6 +23,7 @@ from typing import Any, Self
 import numpy as np
 
 from jaxshare._alias import AliasMap
+from jaxshare._mapped import FileRange
 from jaxshare._perm import Perm
 from jaxshare._report import ArrayInfo, TieReport
 
@@ -94,7 +95,7 @@ class TensorSource(abc.ABC):
         so a writer that streams bytes needs no copy of the whole tensor."""
         yield self.array(name)
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         """Where the bytes a read of ``name`` lies in the source's files, as
         ``(path, offset, length)`` ranges, so that a conversion can have the
         kernel read them ahead (:class:`jaxshare._prefetch.Prefetch`); none where

@@ -26,6 +26,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare._manifest import ManifestEntry as ManifestEntry
     from jaxshare._manifest import TensorHash as TensorHash
     from jaxshare._manifest import tensor_digest as tensor_digest
+    from jaxshare._mapped import FileRange as FileRange
     from jaxshare._mapped import map_file as map_file
     from jaxshare._memory import Extent as Extent
     from jaxshare._memory import MemoryTies as MemoryTies
@@ -92,7 +93,7 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare._errors": ["UsageError"],
         "jaxshare._lazy": ["exports", "missing_extra"],
         "jaxshare._manifest": ["Manifest", "ManifestEntry", "TensorHash", "tensor_digest"],
-        "jaxshare._mapped": ["map_file"],
+        "jaxshare._mapped": ["FileRange", "map_file"],
         "jaxshare._memory": ["Extent", "MemoryTies", "array_key", "memory_ties", "numpy_extent"],
         "jaxshare._naming": [
             "LAYER",

@@ -59,7 +59,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
-from jaxshare._mapped import map_file
+from jaxshare._mapped import FileRange, map_file
 from jaxshare._naming import NamingRecord
 from jaxshare._report import ArrayInfo, format_bytes
 from jaxshare._source import Index, TensorSource
@@ -1111,7 +1111,7 @@ class DCPFolder(TensorSource):
         """:meth:`array`."""
         return self.array(name)
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         return [
             (os.fspath(self.folder / c.record.file), c.record.offset, c.record.length)
             for c in self._filled(self._item(name))

@@ -50,7 +50,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import is_floating
-from jaxshare._mapped import file_extent
+from jaxshare._mapped import FileRange, file_extent
 from jaxshare._memory import array_key, memory_ties
 from jaxshare._report import ArrayInfo, format_bytes
 from jaxshare._source import Index, TensorSource
@@ -645,7 +645,7 @@ class DeepSpeedCheckpoint(TensorSource):
         """:meth:`pieces`: writers stream them with no copy."""
         return iter(self.pieces(name))
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         return [e for e in map(file_extent, self.pieces(name)) if e is not None]
 
     def array(self, name: str) -> np.ndarray:

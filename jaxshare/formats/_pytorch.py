@@ -47,7 +47,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
-from jaxshare._mapped import file_extent, map_file
+from jaxshare._mapped import FileRange, file_extent, map_file
 from jaxshare._memory import MemoryTies, array_key, memory_ties
 from jaxshare._output import OutputKind
 from jaxshare._report import ArrayInfo
@@ -652,7 +652,7 @@ class TorchFile(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return np.array(self.array(name)[index])
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         found = file_extent(self.array(name))
         return () if found is None else (found,)
 

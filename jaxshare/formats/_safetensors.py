@@ -34,7 +34,7 @@ from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
 from jaxshare._json import loads
 from jaxshare._manifest import Manifest, TensorHash
-from jaxshare._mapped import map_file
+from jaxshare._mapped import FileRange, map_file
 from jaxshare._naming import NamingRecord
 from jaxshare._output import OutputFile, OutputKind, atomic_output
 from jaxshare._plan import Plan
@@ -399,7 +399,7 @@ class SafetensorsFile(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return np.array(self.array(name)[index])
 
-    def extents(self, name: str) -> Sequence[tuple[str, int, int]]:
+    def extents(self, name: str) -> Sequence[FileRange]:
         entry = self.header.tensors[name]
         start = self.header.data_start + entry.begin
         return ((os.fspath(self.header.path), start, entry.end - entry.begin),)
