@@ -84,11 +84,20 @@ def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def _give_back(memory: mmap.mmap, size: int) -> None:
     """Keeps ``memory`` for the next array of its size, if the pool takes it; else
     it is unmapped once its last view is gone (this runs while that view still
-    holds it)."""
-    with _LOCK:
+    holds it).
+
+    A finalizer: the collector may run it inside any code that allocates, on a
+    thread that holds ``_LOCK`` already (in :func:`empty_array`), so it never waits
+    for the lock -- where it is held, the memory is unmapped, not kept.
+    """
+    if not _LOCK.acquire(blocking=False):
+        return
+    try:
         if _STATE["scopes"] and _STATE["free"] + size <= POOL_BYTES:
             _FREE.setdefault(size, []).append(memory)
             _STATE["free"] += size
+    finally:
+        _LOCK.release()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from typing import BinaryIO
@@ -25,9 +24,12 @@ __all__ = ["FileRange", "copy_view", "file_extent", "map_file", "write_array"]
 #: A range of a file: ``(path, offset, length)``.
 FileRange = tuple[str, int, int]
 
-#: id(mmap) -> (first address, length, the open file it maps), while the map lives.
-_MAPS: dict[int, tuple[int, int, BinaryIO]] = {}
-_LOCK = threading.Lock()
+#: id(mmap) -> (first address, length, the open file it maps, the map weakly), while
+#: the map lives. There is no lock: the collector can free a map, and run
+#: :func:`_forget`, inside any code that allocates -- this module's own among it, on
+#: the thread that already held a lock (a deadlock, seen in a test run). So the
+#: registry changes by one dict operation at a time, and lookups read a copy.
+_MAPS: dict[int, tuple[int, int, BinaryIO, weakref.ref[mmap.mmap]]] = {}
 
 
 def map_file(path: str | os.PathLike, *, private: bool = False) -> np.ndarray:
@@ -58,15 +60,14 @@ def map_file(path: str | os.PathLike, *, private: bool = False) -> np.ndarray:
         f.close()  # (The map keeps the file's pages; nothing copies from the file.)
         return array
     key = id(m)
-    with _LOCK:
-        _MAPS[key] = (array.ctypes.data, size, f)
+    _MAPS[key] = (array.ctypes.data, size, f, weakref.ref(m))
     weakref.finalize(m, _forget, key)
     return array
 
 
 def _forget(key: int) -> None:
-    with _LOCK:
-        entry = _MAPS.pop(key, None)
+    """A map's finalizer: its entry goes, and its file is closed."""
+    entry = _MAPS.pop(key, None)
     if entry is not None:
         entry[2].close()
 
@@ -77,10 +78,11 @@ def _mapped_at(view: np.ndarray) -> tuple[BinaryIO, int] | None:
     if not view.flags.c_contiguous or not view.nbytes:
         return None
     address = view.ctypes.data
-    with _LOCK:
-        for start, length, f in _MAPS.values():
-            if start <= address and address + view.nbytes <= start + length:
-                return f, address - start
+    for start, length, f, m in tuple(_MAPS.values()):
+        # (A map being freed is unmapped before its entry goes: `m()` is then None,
+        # and its addresses may already hold another map.)
+        if start <= address and address + view.nbytes <= start + length and m() is not None:
+            return f, address - start
     return None
 
 

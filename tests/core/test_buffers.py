@@ -5,6 +5,8 @@ and back to the operating system once no conversion streams."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -72,3 +74,42 @@ def test_a_waiting_mapping_up_to_twice_the_size_serves_a_smaller_array() -> None
         assert _buffers._STATE["free"] == 3 * 2**20  # Back at its own size.
         again = empty_array((3 * 2**18,), F32)
         assert again.ctypes.data == address
+
+
+# The collector frees an array (and runs its finalizer) inside whatever allocates:
+# here, on purpose, while `empty_array` holds the pool's lock. A finalizer waiting for
+# a lock its own thread held hung a CI run until its timeout.
+COLLECTED_INSIDE = """
+import gc
+import subprocess
+import sys
+import numpy as np
+from jaxshare import _buffers
+
+class Collecting(dict):
+    def items(self):
+        gc.collect()
+        return super().items()
+
+_buffers._FREE = Collecting()
+with _buffers.pooled():
+    for i in range(3):
+        cycle = [_buffers.empty_array((2**20,), np.dtype(np.uint8))]
+        cycle.append(cycle)  # An array only the collector frees.
+        del cycle
+        a = _buffers.empty_array((2**20,), np.dtype(np.uint8))
+        a[:] = i
+        assert (a == i).all()
+    del a
+    print(_buffers._STATE["free"])
+"""
+
+
+def test_an_array_freed_by_the_collector_inside_the_pool_never_hangs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECTED_INSIDE],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    # Kept: the last two `a`, freed by counting (the first went to the third cycle).
+    # The cycles, freed by the collector while the lock was held, were unmapped.
+    assert done.stdout.split() == [str(2 * 2**20)]

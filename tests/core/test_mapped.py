@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,3 +85,39 @@ def test_an_identity_copy_of_a_safetensors_file_is_byte_identical(tmp_path):
     with SafetensorsFile(tmp_path / "b.safetensors") as copy:
         for name, value in tensors.items():
             np.testing.assert_array_equal(copy.array(name), value)
+
+
+# The collector frees a map (and runs its finalizer) inside whatever allocates: here,
+# on purpose, exactly while the registry is written (`map_file`) and read (a lookup).
+# A finalizer waiting for a lock its own thread held hung a CI run until its timeout.
+COLLECTED_INSIDE = """
+import gc, pathlib, sys
+from jaxshare import _mapped
+
+class Collecting(dict):
+    def __setitem__(self, key, value):
+        gc.collect()
+        super().__setitem__(key, value)
+
+    def values(self):
+        gc.collect()
+        return super().values()
+
+_mapped._MAPS = Collecting()
+path = pathlib.Path(sys.argv[1])
+for _ in range(3):
+    cycle = [_mapped.map_file(path)]
+    cycle.append(cycle)  # A map only the collector frees.
+    del cycle
+    view = _mapped.map_file(path)[2:5]
+    assert _mapped.file_extent(view) == (str(path), 2, 3)
+print(len(_mapped._MAPS))
+"""
+
+
+def test_a_map_freed_by_the_collector_inside_the_registry_never_hangs(data):
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECTED_INSIDE, str(data)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == ["1"]  # Only the live view's map is left.
