@@ -47,7 +47,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import numpy_dtype
-from jaxshare._mapped import FileRange, file_extent, map_file
+from jaxshare._mapped import FileRange, file_extent, map_file, scattered_reads
 from jaxshare._memory import MemoryTies, array_key, memory_ties
 from jaxshare._output import OutputKind
 from jaxshare._report import ArrayInfo
@@ -386,7 +386,8 @@ class _Zip:
         return storage
 
     def load(self, classes: Mapping[str, type]) -> Any:
-        return _Unpickler(io.BytesIO(self.pickle), self.storage, classes).load()
+        with scattered_reads(self._data):  # (The storages' local headers.)
+            return _Unpickler(io.BytesIO(self.pickle), self.storage, classes).load()
 
 
 class _Legacy:

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxshare._mapped import _MAPS, copy_view, map_file
+from jaxshare._mapped import _MAPS, copy_view, map_file, scattered_reads
 from jaxshare.formats import SafetensorsFile, save_plan
 from jaxshare.stream import Plan
 
@@ -121,3 +121,29 @@ def test_a_map_freed_by_the_collector_inside_the_registry_never_hangs(data):
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert done.stdout.split() == ["1"]  # Only the live view's map is left.
+
+
+def _flags(address: int) -> list[str]:
+    """The kernel's flags of the mapping holding ``address`` (``/proc/self/smaps``)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc")
+@pytest.mark.parametrize("private", [False, True])
+def test_scattered_reads_turn_the_read_around_off_while_they_last(data, private):
+    mapped = map_file(data, private=private)
+    address = mapped.ctypes.data
+    assert "rr" not in _flags(address)
+    with scattered_reads(mapped):
+        assert "rr" in _flags(address)  # VM_RAND_READ: a fault reads its page alone.
+        assert bytes(mapped[256:260]) == bytes(range(4))
+    assert "rr" not in _flags(address)
+    with scattered_reads(np.zeros(3)):  # Not a map: nothing to do.
+        pass
