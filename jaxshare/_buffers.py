@@ -47,6 +47,17 @@ POOL_BYTES = 128 * 2**20
 _LOCK = threading.Lock()
 _FREE: dict[int, list[mmap.mmap]] = {}  # size: freed mappings of that size
 _STATE = {"free": 0, "scopes": 0}  # bytes in _FREE; conversions streaming
+_HOLDER: list[int | None] = [None]  # the thread holding _LOCK (in `_locked`)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    with _LOCK:
+        _HOLDER[0] = threading.get_ident()
+        try:
+            yield
+        finally:
+            _HOLDER[0] = None
 
 
 def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -67,7 +78,7 @@ def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
     size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
     memory = None
-    with _LOCK:  # The smallest waiting that holds it, at most twice its size.
+    with _locked():  # The smallest waiting that holds it, at most twice its size.
         fits = [n for n, free in _FREE.items() if size <= n <= 2 * size and free]
         if fits:
             size = min(fits)
@@ -86,18 +97,16 @@ def _give_back(memory: mmap.mmap, size: int) -> None:
     it is unmapped once its last view is gone (this runs while that view still
     holds it).
 
-    A finalizer: the collector may run it inside any code that allocates, on a
-    thread that holds ``_LOCK`` already (in :func:`empty_array`), so it never waits
-    for the lock -- where it is held, the memory is unmapped, not kept.
+    A finalizer: the collector may run it inside any code that allocates, this
+    module's own among it, on the thread that holds the lock already -- where it
+    would wait for itself. There, the memory is unmapped, not kept.
     """
-    if not _LOCK.acquire(blocking=False):
+    if _HOLDER[0] == threading.get_ident():
         return
-    try:
+    with _locked():
         if _STATE["scopes"] and _STATE["free"] + size <= POOL_BYTES:
             _FREE.setdefault(size, []).append(memory)
             _STATE["free"] += size
-    finally:
-        _LOCK.release()
 
 
 @contextlib.contextmanager
@@ -105,12 +114,12 @@ def pooled() -> Iterator[None]:
     """While in it (in any thread), freed arrays of :func:`empty_array` wait for the
     next of their size; when the last such block ends, the waiting ones are given
     back to the operating system."""
-    with _LOCK:
+    with _locked():
         _STATE["scopes"] += 1
     try:
         yield
     finally:
-        with _LOCK:
+        with _locked():
             _STATE["scopes"] -= 1
             if not _STATE["scopes"]:  # (Unmapped as they are dropped: no view is left.)
                 _FREE.clear()
