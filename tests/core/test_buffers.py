@@ -78,11 +78,9 @@ def test_a_waiting_mapping_up_to_twice_the_size_serves_a_smaller_array() -> None
 
 # The collector frees an array (and runs its finalizer) inside whatever allocates:
 # here, on purpose, while `empty_array` holds the pool's lock. A finalizer waiting for
-# a lock its own thread held hung a CI run until its timeout.
+# a lock its own thread held would hang (as one in `_mapped` hung a CI run).
 COLLECTED_INSIDE = """
 import gc
-import subprocess
-import sys
 import numpy as np
 from jaxshare import _buffers
 
