@@ -37,8 +37,8 @@ torch
 A route's **limit** is the slowest stage a perfect pipeline cannot avoid, its
 **ratio** its time over that limit (goals, from issue 22: <= 1.25x where the cores
 have no work, <= 1.5x where they transpose or run zstd). The disk's speed moves by
-a third within the hour here, so the way of writing (the source warm) and the way of
-copying a cold source that won at the start are run again just before each of a
+a third within the hour here, so the way of writing (the source warm) that won at
+the start, and the ``O_DIRECT`` cold copy, are run again just before each of a
 route's runs, warm and cold in turn, and the verdict holds the route to the disk as
 it was then (``limit``, ``ratio``; ``run``: the ratio with the disk as measured at
 the start). Limits:
@@ -618,8 +618,10 @@ def main() -> None:
         copies = {k: min(way() for _ in range(2)) for k, way in copy_ways.items()}
         write, dev_write = writes["cp"], min(writes["dd oflag=direct"], writes["written behind"])
         copy = min(copies.values())
+        # (A cold copy beside a route is the O_DIRECT one: `cp`'s, which leaves the disk
+        # idle until its fsync, took 2.7-7.7 s beside the routes of one run.)
         again = {"warm": write_ways[min(writes, key=writes.__getitem__)],
-                 "cold": copy_ways[min(copies, key=copies.__getitem__)]}  # fmt: skip
+                 "cold": copy_ways["O_DIRECT"]}  # fmt: skip
         loads.append(os.getloadavg()[0])
         transposes = {k: compute["bytes"] / compute[f"transpose_{k}"]
                       for k in ("numpy", "tiles", "xla")}  # fmt: skip
@@ -648,7 +650,7 @@ def main() -> None:
               f"{1 / machine.zstd['decompress'] / GB:.2f} GB/s; cast to bf16: "
               f"{c_bw / GB:.2f} GB/s (load {loads[-1]:.1f})\n", flush=True)  # fmt: skip
         print(f"beside each route, the disk again: written ({min(writes, key=writes.__getitem__)}) "
-              f"before each warm run, copied cold ({min(copies, key=copies.__getitem__)}) "
+              "before each warm run, copied cold (O_DIRECT) "
               "before each cold run\n", flush=True)  # fmt: skip
         inputs = {"model": model}
         rows = []
