@@ -169,22 +169,24 @@ def convert(
     (4, 2)
     """
     dst = Path(dst)
-    from bridge._training_step import convert_training, is_training_run
+    if optimizer or dst.suffix in TORCH_SUFFIXES:  # (optax's layouts: 14 ms to import)
+        from bridge._training_step import convert_training, is_training_run
 
-    if optimizer or (is_training_run(src) and dst.suffix in TORCH_SUFFIXES):
-        given = {"--dtype": dtype, "--names": names,
-                 "--max-shard-size": max_shard_size, "--stack": stack, "--manifest": manifest,
-                 "--format": format not in (None, "orbax", "torch"),
-                 "--compression": compression != "zstd"}  # fmt: skip
-        extra = [option for option, value in given.items() if value]
-        if extra:
-            raise UsageError(
-                f"a training run converts as it is: {', '.join(extra)} do not apply (its "
-                "weights alone convert without --optimizer)."
-            )
-        return convert_training(
-            src, dst, force=force, rules=as_rules(rules), layout=layout, ties=ties, config=config
-        )
+        if optimizer or is_training_run(src):
+            given = {"--dtype": dtype, "--names": names,
+                     "--max-shard-size": max_shard_size, "--stack": stack,
+                     "--manifest": manifest, "--format": format not in (None, "orbax", "torch"),
+                     "--compression": compression != "zstd"}  # fmt: skip
+            extra = [option for option, value in given.items() if value]
+            if extra:
+                raise UsageError(
+                    f"a training run converts as it is: {', '.join(extra)} do not apply (its "
+                    "weights alone convert without --optimizer)."
+                )
+            return convert_training(
+                src, dst, force=force, rules=as_rules(rules), layout=layout, ties=ties,
+                config=config,
+            )  # fmt: skip
     rules = _with_stacks(as_rules(rules), stack, stack_axis)
     float_dtype(dtype)  # A bad `dtype` fails before anything is read.
     # A DCP folder's config declares its ties; any other input's is the output's.

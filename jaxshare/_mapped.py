@@ -76,8 +76,9 @@ def scattered_reads(data: np.ndarray) -> Iterator[None]:
     it as well: ``read_ahead_kb`` of them, 8 MiB on this project's machines. A
     ``torch.save`` archive of an 8 GB model holds 570 records, each with a header
     before its bytes: reading them through the map read 4.5 GB, one fault at a
-    time, in 2.1 s before the first tensor was converted. Here (``MADV_RANDOM``)
-    each reads its page. Any other array: nothing to do.
+    time, in 2.1 s before the first tensor was converted (and ``jaxshare inspect``
+    of it took 3.0-3.2 s, now 0.33 s). Here (``MADV_RANDOM``) each reads its page.
+    Any other array: nothing to do.
 
     >>> import pathlib, tempfile
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
