@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["POOL_BYTES", "empty_array", "pooled"]
+__all__ = ["POOL_BYTES", "empty_array", "lined_up", "pooled"]
 
 #: Arrays at least this large get a mapping of their own (smaller ones: numpy's heap).
 MAP_BYTES = 2**20
@@ -48,6 +48,27 @@ _LOCK = threading.Lock()
 _FREE: dict[int, list[mmap.mmap]] = {}  # size: freed mappings of that size
 _STATE = {"free": 0, "scopes": 0}  # bytes in _FREE; conversions streaming
 _HOLDER: list[int | None] = [None]  # the thread holding _LOCK (in `_locked`)
+_PLACE = threading.local()  # .skew: where in its page this thread's next arrays start
+
+
+@contextlib.contextmanager
+def lined_up(offset: int) -> Iterator[None]:
+    """While in it, the large arrays :func:`empty_array` makes on this thread start
+    as far into a page as ``offset`` lies into one (where their dtype allows it):
+    an output that will hold one at ``offset`` writes it from where it lies, not
+    copied (:meth:`jaxshare._output.OutputFile.gap`).
+
+    >>> with lined_up(4096 + 24):
+    ...     a = empty_array((2**20,), np.dtype(np.float32))
+    >>> a.ctypes.data % mmap.PAGESIZE
+    24
+    """
+    before = getattr(_PLACE, "skew", None)
+    _PLACE.skew = offset % mmap.PAGESIZE
+    try:
+        yield
+    finally:
+        _PLACE.skew = before
 
 
 @contextlib.contextmanager
@@ -76,7 +97,11 @@ def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = count * dtype.itemsize
     if nbytes < MAP_BYTES:
         return np.empty(shape, dtype)
+    skew = getattr(_PLACE, "skew", None)
     size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    if skew is not None:  # A page more, whatever the skew: one size for a tensor's arrays.
+        size += mmap.PAGESIZE
+        skew = 0 if skew % dtype.alignment else skew
     memory = None
     with _locked():  # The smallest waiting that holds it, at most twice its size.
         fits = [n for n, free in _FREE.items() if size <= n <= 2 * size and free]
@@ -89,7 +114,7 @@ def empty_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     block = (ctypes.c_char * size).from_buffer(memory)
     # Once the array and its views are gone (they hold `block`), its memory is free.
     weakref.finalize(block, _give_back, memory, size)
-    return np.frombuffer(block, dtype, count=count).reshape(shape)  # type: ignore[call-overload]
+    return np.frombuffer(block, dtype, count=count, offset=skew or 0).reshape(shape)  # type: ignore[call-overload]
 
 
 def _give_back(memory: mmap.mmap, size: int) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 from jaxshare._mapped import write_array
 
 __all__ = [
+    "LEND_BYTES",
     "OutputFile",
     "OutputKind",
     "WriteBehind",
@@ -421,13 +422,25 @@ class WriteBehind:
 
 
 #: The staging buffers of :class:`OutputFile`: their size, how many, and the
-#: threads writing them (the writes in flight).
+#: threads writing them (the writes in flight). A write is of about
+#: :data:`DIRECT_STEP` bytes too, gathered from staging buffers and kept arrays.
 DIRECT_STEP = 32 * 2**20
 DIRECT_BUFFERS = 3
 DIRECT_WRITERS = 2
+#: The smallest array written from where it lies, not copied (``kept``).
+LEND_BYTES = 2**20
 # What O_DIRECT asks of a write's offset, length and memory (a logical block; any
 # file system's is at most a page).
 _ALIGN = 4096
+
+
+class _Staging:
+    """A staging buffer: its memory, and the writes in flight that hold part of it."""
+
+    def __init__(self) -> None:
+        self.memory = mmap.mmap(-1, DIRECT_STEP)
+        self.holders = 0
+        self.full = False  # Filled to its end: free again once no write holds it.
 
 
 class OutputFile:
@@ -435,14 +448,23 @@ class OutputFile:
 
     The bytes bypass the page cache (``O_DIRECT``): each write is copied into one
     of :data:`DIRECT_BUFFERS` staging buffers of :data:`DIRECT_STEP` bytes, kept
-    hot, and :data:`DIRECT_WRITERS` threads hand the full buffers to the disk while
-    the next fills, so the disk always has work and the kernel neither copies the
-    bytes again nor keeps them. Through the page cache, the kernel's copy of 2.8 GB
-    took about a second of CPU here, on top of the writer's own. Two writes of 32
-    MiB in flight wrote 3 GB in 1.42-1.53 s here where one of 8 MiB took 1.79-1.93
-    s (and ``dd bs=16M oflag=direct`` 2.1-2.8 s). Where a file system refuses
-    ``O_DIRECT``, the file is written through the page cache and handed on as it
-    is written (:class:`WriteBehind`).
+    hot, and :data:`DIRECT_WRITERS` threads hand them to the disk, about
+    :data:`DIRECT_STEP` bytes a write, while the next fill, so the disk always
+    has work and the kernel neither copies the bytes again nor keeps them.
+    Through the page cache, the kernel's copy of 2.8 GB took about a second of
+    CPU here, on top of the writer's own. Two writes of 32 MiB in flight wrote 3
+    GB in 1.42-1.53 s here where one of 8 MiB took 1.79-1.93 s (and ``dd bs=16M
+    oflag=direct`` 2.1-2.8 s). Where a file system refuses ``O_DIRECT``, the file
+    is written through the page cache and handed on as it is written
+    (:class:`WriteBehind`).
+
+    An array its writer will not change again (``write_array(data, kept=True)``)
+    whose address lies as far into a page as the file's end lies into a block
+    (:meth:`gap` says how far to move the end) is not copied: its whole blocks
+    are written from where they lie, gathered into one write with the staged
+    bytes around them (``pwritev``), and only its first and last partial blocks
+    are staged. Copying 2.8 GB into the buffers took 0.5 s of CPU here; small
+    writes of their own took 7 ms each, behind the large ones.
 
     Args:
       path: the file to create (or truncate).
@@ -475,13 +497,19 @@ class OutputFile:
             self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by close()
             self._behind = WriteBehind(self._file)
             return
-        self._free = [mmap.mmap(-1, DIRECT_STEP) for _ in range(DIRECT_BUFFERS)]
+        self._free = [_Staging() for _ in range(DIRECT_BUFFERS)]
         self._buffer = self._free.pop()
-        self._filled = 0  # Bytes in the current buffer, which starts at `_handed`.
-        self._handed = 0
+        # The current buffer's bytes [_cut, _filled) are the file's from _open on, not
+        # yet in a write; those before _cut are in one.
+        self._cut = self._filled = self._open = 0
+        # The next write: its parts (memory and the staging buffer it lies in, if
+        # any), in the file's order from _gathered on.
+        self._parts: list[tuple[memoryview, _Staging | None]] = []
+        self._gathered = 0
+        self._writes = 0  # Writes handed on and not yet done.
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._pending: deque[tuple[mmap.mmap, int, int] | None] = deque()
+        self._pending: deque[tuple[list[tuple[memoryview, _Staging | None]], int] | None] = deque()
         self._threads = [
             threading.Thread(target=self._run, name="jaxshare-write", daemon=True)
             for _ in range(DIRECT_WRITERS)
@@ -503,15 +531,32 @@ class OutputFile:
             self._append(memoryview(data).cast("B"))
         self._size += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
 
-    def write_array(self, data: np.ndarray) -> None:
+    def write_array(self, data: np.ndarray, *, kept: bool = False) -> None:
         """Appends the bytes of a C-contiguous array (through the page cache: file to
-        file where they lie in a mapped file, :func:`jaxshare._mapped.write_array`)."""
+        file where they lie in a mapped file, :func:`jaxshare._mapped.write_array`).
+
+        ``kept``: the caller never changes ``data``'s memory again (it may let go of
+        the array at once). Its whole blocks are then written from where they lie
+        where they line up with the file's (:meth:`gap` is 0), not copied."""
         if self._file is not None:
             assert self._behind is not None
             write_array(data, self._file, self._behind.wrote)
         else:
-            self._append(data.reshape(-1).view(np.uint8).data)
+            view = data.reshape(-1).view(np.uint8)
+            if kept and data.nbytes >= LEND_BYTES and self.gap(data) == 0:
+                self._lend(view)
+            else:
+                self._append(view.data)
         self._size += data.nbytes
+
+    def gap(self, data: np.ndarray) -> int:
+        """How many bytes to write before ``data`` so that it is written without a
+        copy (``write_array(data, kept=True)``): from the file's end to the next
+        offset that lies as far into a block as ``data``'s address lies into a page;
+        0 where this file is written through the page cache."""
+        if self._file is not None:
+            return 0
+        return (data.__array_interface__["data"][0] - self._size) % _ALIGN
 
     def patch(self, offset: int, data: bytes) -> None:
         """Puts ``data`` at ``offset`` in place of bytes already written (a header's
@@ -522,9 +567,9 @@ class OutputFile:
             self._file.seek(offset)
             self._file.write(data)
             self._file.seek(self._size)
-        elif offset >= self._handed:  # Still in the buffer being filled.
-            start = offset - self._handed
-            self._buffer[start : start + len(data)] = data
+        elif offset >= self._open:  # Still in the current buffer, in no write yet.
+            start = self._cut + offset - self._open
+            self._buffer.memory[start : start + len(data)] = data
         else:
             self._patches.append((offset, data))
 
@@ -538,8 +583,10 @@ class OutputFile:
                 self._file.close()
             return
         try:
-            if self._filled:  # The last buffer, to a whole block; the file cut to size after.
-                self._hand_on(-(-self._filled // _ALIGN) * _ALIGN)
+            # The last bytes, to a whole block; the file is cut to size after.
+            self._filled = min(DIRECT_STEP, -(-self._filled // _ALIGN) * _ALIGN)
+            self._seal()
+            self._hand_on()
             self._stop()
             os.ftruncate(self._fd, self._size)
             os.fsync(self._fd)
@@ -578,35 +625,84 @@ class OutputFile:
             self.abort()
 
     def _append(self, view: memoryview) -> None:
+        """Copies ``view`` into the staging buffers, the next taken as each fills."""
         data = np.frombuffer(view, np.uint8)
         while len(data):
             n = min(len(data), DIRECT_STEP - self._filled)
             # (A numpy copy: it lets go of the GIL, where a map's slice assignment holds it.)
-            np.frombuffer(self._buffer, np.uint8)[self._filled : self._filled + n] = data[:n]
+            np.frombuffer(self._buffer.memory, np.uint8)[self._filled : self._filled + n] = data[:n]
             self._filled += n
             data = data[n:]
             if self._filled == DIRECT_STEP:
-                self._hand_on(DIRECT_STEP)
+                self._seal()
+                self._buffer.full = True
+                self._hand_on()  # (No write waiting to be handed on holds a full buffer.)
+                self._buffer = self._take()
+                self._cut = self._filled = 0
 
-    def _hand_on(self, length: int) -> None:
-        """Hands the current buffer (``length`` bytes of it) to the writing threads
-        and takes a free one, waiting for the disk if none is."""
+    def _lend(self, view: np.ndarray) -> None:
+        """Appends ``view`` (``uint8``, lined up with the file's blocks): its first
+        partial block staged, its whole blocks gathered where they lie into the
+        writes, its last partial block staged."""
+        head = -(self._open + self._filled - self._cut) % _ALIGN
+        self._append(view[:head].data)
+        self._seal()
+        end = head + (len(view) - head) // _ALIGN * _ALIGN
+        for start in range(head, end, DIRECT_STEP):
+            self._gather(view[start : min(end, start + DIRECT_STEP)].data, None)
+        self._open += end - head
+        self._append(view[end:].data)
+
+    def _seal(self) -> None:
+        """Puts the current buffer's bytes not yet in a write (whole blocks, but at
+        the file's end) into the next."""
+        if self._filled > self._cut:
+            part = memoryview(self._buffer.memory)[self._cut : self._filled]
+            self._open += self._filled - self._cut
+            self._cut = self._filled
+            self._gather(part, self._buffer)
+
+    def _gather(self, part: memoryview, staging: _Staging | None) -> None:
+        """Adds ``part`` to the next write, handing that on once it holds
+        :data:`DIRECT_STEP` bytes."""
+        self._parts.append((part, staging))
+        if staging is not None:
+            with self._cond:
+                staging.holders += 1
+        if sum(p.nbytes for p, _ in self._parts) >= DIRECT_STEP:
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Hands the next write to the writing threads, waiting while
+        :data:`DIRECT_BUFFERS` are in flight."""
+        if not self._parts:
+            return
+        parts, offset = self._parts, self._gathered
+        self._parts = []
+        self._gathered += sum(p.nbytes for p, _ in parts)
         with self._cond:
+            while self._writes >= DIRECT_WRITERS and self._error is None:
+                self._cond.wait()
             if self._error is not None:
                 raise self._error
-            self._pending.append((self._buffer, self._handed, length))
+            self._writes += 1
+            self._pending.append((parts, offset))
             self._cond.notify_all()
+
+    def _take(self) -> _Staging:
+        """A free staging buffer, waiting for the disk if none is."""
+        with self._cond:
             while not self._free and self._error is None:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
-            self._buffer = self._free.pop()
-        self._handed += self._filled
-        self._filled = 0
+            buffer = self._free.pop()
+        buffer.full = False
+        return buffer
 
     def _run(self) -> None:
-        """A writing thread: each buffer handed on, at its offset (the threads' writes
-        in flight at once), then back to the free."""
+        """A writing thread: each write handed on, at its offset (the threads' writes
+        in flight at once); then its staging buffers, once free, back to the free."""
         while True:
             with self._cond:
                 while not self._pending:
@@ -614,21 +710,33 @@ class OutputFile:
                 item = self._pending.popleft()
             if item is None:
                 return
-            buffer, offset, length = item
+            parts, offset = item
+            del item
             try:
-                view, done = memoryview(buffer)[:length], 0
-                while done < length:
-                    done += os.pwrite(self._fd, view[done:], offset + done)
+                views = [p for p, _ in parts]
+                while views:  # (A short write: the rest again, from where it stopped.)
+                    done = os.pwritev(self._fd, views, offset)
+                    offset += done
+                    while views and done >= views[0].nbytes:
+                        done -= views.pop(0).nbytes
+                    if views and done:
+                        views[0] = views[0][done:]
             except BaseException as e:  # Raised to the writer at its next step.
                 with self._cond:
                     self._error = e
                     self._cond.notify_all()
                 return
             finally:
-                del view
+                del views
             with self._cond:
-                self._free.append(buffer)
+                for _, staging in parts:
+                    if staging is not None:
+                        staging.holders -= 1
+                        if staging.full and not staging.holders:
+                            self._free.append(staging)
+                self._writes -= 1
                 self._cond.notify_all()
+            del parts  # (The kept arrays' memory let go of here.)
 
     def _stop(self) -> None:
         with self._cond:

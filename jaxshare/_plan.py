@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from jaxshare._alias import AliasMap
-from jaxshare._buffers import pooled
+from jaxshare._buffers import lined_up, pooled
 from jaxshare._dtype import cast_to, numpy_dtype
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._prefetch import Prefetch
@@ -205,9 +205,12 @@ class Plan:
             [source.infos[e.source].nbytes for e in chosen],
         )
 
-    def _read_ahead(self, source: TensorSource) -> ReadAhead[np.ndarray]:
+    def _read_ahead(
+        self, source: TensorSource, offsets: Mapping[str, int] | None = None
+    ) -> ReadAhead[np.ndarray]:
         """The entries' arrays read on threads, in order, within :meth:`budget`
-        (started at once; see :meth:`arrays`)."""
+        (started at once; see :meth:`arrays`); each made to line up with its
+        output's ``offsets[name]`` where given (:func:`lined_up`)."""
         entries = self.entries
         again = [i + 1 < len(entries) and entries[i + 1].source == e.source
                  for i, e in enumerate(entries)]  # fmt: skip
@@ -215,6 +218,10 @@ class Plan:
         read_done = [threading.Event() for _ in entries]
 
         def read(i: int) -> np.ndarray:
+            with lined_up((offsets or {}).get(entries[i].name, 0)):
+                return made(i)
+
+        def made(i: int) -> np.ndarray:
             entry = entries[i]
             if not again[i] and not (i and again[i - 1]):  # Its source read for it alone.
                 try:
@@ -237,12 +244,15 @@ class Plan:
         return ReadAhead(jobs, self.budget(source))
 
     def outputs(
-        self, source: TensorSource
+        self, source: TensorSource, offsets: Mapping[str, int] | None = None
     ) -> Generator[tuple[PlanEntry, Iterable[np.ndarray]], None, None]:
         """Each entry with its bytes to write, in order: a mapped source's blocks
         as they lie (:meth:`blocks`, no copy), else its array, read ahead on
         threads while the caller writes the one before (:meth:`arrays`; a caller
         that drops the blocks before asking for the next keeps to the budget).
+        No block is changed once handed out. ``offsets``: where each entry's
+        bytes go in the output file, by name: its array is made to line up
+        with them, so that the file writes it without a copy (:func:`lined_up`).
 
         The few tensors that dwarf the rest -- over twice the fourth largest: an
         embedding and its head beside a model's layers, or beside an unstacked
@@ -297,7 +307,7 @@ class Plan:
                         next_blocks = None
                     else:
                         if reader is None:
-                            reader = ahead._read_ahead(source)
+                            reader = ahead._read_ahead(source, offsets)
                             arrays = iter(reader)  # No zip: it would keep the last array.
                         array = next(arrays)
                         blocks = (array,)

@@ -55,7 +55,7 @@ from jaxshare._buffers import pooled
 from jaxshare._dtype import numpy_dtype
 from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
 from jaxshare._naming import stack_axis
-from jaxshare._output import OutputFile, atomic_output, fsync_dir, write_synced
+from jaxshare._output import LEND_BYTES, OutputFile, atomic_output, fsync_dir, write_synced
 from jaxshare._plan import Plan, PlanEntry, ReadAhead, dwarfs
 from jaxshare._progress import ProgressFn
 from jaxshare._source import TensorSource
@@ -191,13 +191,18 @@ class _DataFiles:
         self._name = ""
 
     def append(self, data: np.ndarray) -> ValueRef:
-        """Writes ``data`` (C-contiguous) at the end of the current file."""
+        """Writes ``data`` (C-contiguous, never changed after) at the end of the
+        current file. A large one is written from where it lies, not copied: after a
+        few zeros where its address and the file's end do not line up
+        (:meth:`OutputFile.gap`; a value's reference says where it starts)."""
         if self._file is None or self._file.tell() >= DATA_FILE_BYTES:
             self._close_file()
             self._name = new_data_file_name()
             self._file = OutputFile(self._root / self._name)
+        if data.nbytes >= LEND_BYTES and (gap := self._file.gap(data)):
+            self._file.write(bytes(gap))
         offset = self._file.tell()
-        self._file.write_array(data)
+        self._file.write_array(data, kept=True)
         return ValueRef(self._name, offset, data.nbytes)
 
     def _close_file(self) -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "TensorEntry",
     "TensorSpec",
     "alias_map_in",
+    "data_offsets",
     "dtype_code",
     "inspect_safetensors",
     "is_safetensors_file",
@@ -433,6 +434,35 @@ class TensorSpec:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+def data_offsets(
+    specs: Sequence[TensorSpec], metadata: Mapping[str, str], *, manifest: bool = False
+) -> dict[str, int]:
+    """Where in the file :func:`write_safetensors` puts each tensor's bytes, by name.
+
+    >>> data_offsets([TensorSpec("a", (3,), np.dtype("float32"))], {})
+    {'a': 64}
+    """
+    start = 8 + len(_header(specs, metadata, manifest)[0])
+    offsets, at = {}, start
+    for spec in specs:
+        offsets[spec.name] = at
+        at += spec.nbytes
+    return offsets
+
+
+def _header(
+    specs: Sequence[TensorSpec], metadata: Mapping[str, str], manifest: bool
+) -> tuple[bytes, list[str]]:
+    """The header, and with ``manifest`` the digests' stand-ins in it (random, of
+    a fixed length: the header's length does not depend on them)."""
+    metadata = dict(metadata)
+    marks: list[str] = []
+    if manifest:
+        placeholder, marks = Manifest.placeholder((s.name, s.shape, s.dtype.name) for s in specs)
+        metadata[MANIFEST_KEY] = placeholder.to_json()
+    return _header_bytes(specs, metadata), marks
+
+
 def _header_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> bytes:
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
@@ -460,11 +490,17 @@ def write_safetensors(
     force: bool = False,
     inputs: Iterable[str | os.PathLike] = (),
     manifest: bool = False,
+    kept: bool = False,
 ) -> Iterator[Callable[[Iterable[np.ndarray]], str | None]]:
     """Yields ``write(blocks)``, to be called once per spec, in order, with the
     tensor's bytes in C order as numpy arrays of its dtype (one array or many
     blocks). The file is written at a temporary name and appears at ``path``
     only when complete.
+
+    ``kept``: no block's memory is changed once handed to ``write``; a large
+    block that lines up with the file's blocks (see :func:`data_offsets`) is
+    then written from where it lies, not copied
+    (:meth:`jaxshare._output.OutputFile.write_array`).
 
     With ``manifest``, each tensor is hashed as it is written (``write`` returns
     its SHA-256) and the metadata records the :class:`jaxshare.internal.Manifest`
@@ -485,12 +521,7 @@ def write_safetensors(
     >>> read_header(path).metadata
     {'format': 'np'}
     """
-    metadata = dict(metadata or {})
-    marks: list[str] = []
-    if manifest:
-        placeholder, marks = Manifest.placeholder((s.name, s.shape, s.dtype.name) for s in specs)
-        metadata[MANIFEST_KEY] = placeholder.to_json()
-    header = _header_bytes(specs, metadata)
+    header, marks = _header(specs, metadata or {}, manifest)
     # Where each digest's stand-in is in the header: hex, never escaped, and random.
     places = [8 + header.index(mark.encode()) for mark in marks]
     written = 0
@@ -513,7 +544,7 @@ def write_safetensors(
                     data = np.ascontiguousarray(block)
                     if digest is not None:
                         digest.update(data)
-                    f.write_array(data)
+                    f.write_array(data, kept=kept)
                     size += data.nbytes
                 if size != spec.nbytes:
                     raise ValueError(f"{spec.name!r}: expected {spec.nbytes} bytes, got {size}.")
@@ -583,11 +614,13 @@ def write_plan(
     adds the plan's ties to it): the streaming writer under every
     ``.safetensors`` output (``manifest``: as for :func:`write_safetensors`)."""
     specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in plan.entries]
+    # The arrays made to line up with the file: written without a copy (`kept`).
+    offsets = data_offsets(specs, metadata, manifest=manifest)
     with (
         write_safetensors(
-            path, specs, metadata, force=force, inputs=inputs, manifest=manifest
+            path, specs, metadata, force=force, inputs=inputs, manifest=manifest, kept=True
         ) as write,
-        contextlib.closing(plan.outputs(source)) as outputs,  # Its threads end here.
+        contextlib.closing(plan.outputs(source, offsets)) as outputs,  # Its threads end here.
     ):
         # No `enumerate` over the outputs: it keeps the last of them (its array with
         # it) until the next is read.

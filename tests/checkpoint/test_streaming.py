@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
+from jaxshare._output import OutputFile
 from jaxshare._plan import BlocksAhead, ReadAhead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
@@ -91,6 +92,21 @@ class CountingSource(TensorSource):
             self.alive -= nbytes
 
 
+@pytest.fixture
+def copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the bytes copied into an ``OutputFile`` s staging buffers (not
+    written from where they lie), as they are."""
+    sizes: list[int] = []
+    real = OutputFile._append
+
+    def append(self: OutputFile, view: memoryview) -> None:
+        sizes.append(view.nbytes)
+        real(self, view)
+
+    monkeypatch.setattr(OutputFile, "_append", append)
+    return sizes
+
+
 def _many(n: int = 12, rows: int = 256) -> dict[str, tuple[int, ...]]:
     """``n`` tensors of 256 KiB each, in Flax paths."""
     return {f"params/layer_{i:02d}/kernel": (rows, 256) for i in range(n)}
@@ -133,6 +149,58 @@ def test_plain_orbax_restores_the_unique_tree(
     assert_bit_exact(streamed, saved)  # jax.Arrays on the device saved from, as `save`.
     assert "lm_head" not in streamed["params"]  # The tie is stored once.
     assert isinstance(streamed["params"]["wte"]["embedding"], jax.Array)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_large_chunks_are_written_where_they_lie_and_orbax_restores_them(
+    tmp_path: Path, copied: list[int], compression: str, assert_bit_exact
+) -> None:
+    """Chunks of a MiB or more go to the disk from where they lie (a few zeros
+    before each in its data file line it up with the file's blocks): only their
+    partial first and last blocks are copied, and plain Orbax reads every value."""
+    rng = np.random.default_rng(1)
+    tensors = {
+        "a.weight": rng.standard_normal((700, 900), dtype=np.float32),
+        "b.weight": rng.standard_normal((900, 700), dtype=np.float32),
+        "b.bias": rng.standard_normal(700, dtype=np.float32),
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, path)
+    with SafetensorsFile(path) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(tmp_path / "item", plan, source, compression=compression)
+        want = _unique_tree(plan, source)
+    with ocp.StandardCheckpointer() as checkpointer:
+        assert_bit_exact(checkpointer.restore(tmp_path / "item"), want)
+    assert sum(copied) < 5 * 2 * 4096 + 700 * 4 * 2, copied  # Blocks at the edges, the bias.
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+@pytest.mark.parametrize("names", ["flax", "torch"])
+def test_arrays_read_into_a_safetensors_file_are_made_where_the_file_writes_them(
+    tmp_path: Path, copied: list[int], names: str, manifest: bool
+) -> None:
+    """Each array a plan reads ahead (decoded, transposed) is made to line up with
+    its place in the file, which then writes it without a copy: only the header,
+    the arrays' partial first and last blocks, and the small arrays are copied."""
+    rng = np.random.default_rng(2)
+    tensors = {
+        f"h.{i}.weight": rng.standard_normal((600 + 8 * i, 700), dtype=np.float32) for i in range(4)
+    } | {"h.0.bias": rng.standard_normal(9, dtype=np.float32)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    with SafetensorsFile(tmp_path / "m.safetensors") as source:
+        jc.write_item(tmp_path / "ckpt", bridge.flax_plan(source), source)
+    copied.clear()
+    out = tmp_path / "out.safetensors"
+    with jc.open_source(tmp_path / "ckpt") as source:
+        plan = bridge.torch_plan(source) if names == "torch" else Plan.identity(source)
+        save_plan(out, plan, source, manifest=manifest)
+        want = {e.name: np.asarray(plan.array(source, e)) for e in plan.entries}
+    assert sum(copied) < read_header(out).data_start + 4 * 2 * 4096 + 9 * 4, copied
+    with SafetensorsFile(out) as got:
+        assert {n: got.array(n).tobytes() for n in want} == {
+            n: a.tobytes() for n, a in want.items()
+        }
 
 
 def test_write_item_restores_sharded_into_a_target(torch_file: Path, tmp_path: Path) -> None:

@@ -486,9 +486,11 @@ def test_an_injected_full_disk_leaves_the_previous_output_intact(
             raise OSError(28, "No space left on device")
 
     if direct:
-        real = os.pwrite
+        real = os.pwritev
         monkeypatch.setattr(
-            os, "pwrite", lambda fd, data, at: take(len(data)) or real(fd, data, at)
+            os,
+            "pwritev",
+            lambda fd, parts, at: take(sum(map(len, parts))) or real(fd, parts, at),
         )
     else:
         monkeypatch.delattr(os, "O_DIRECT", raising=False)

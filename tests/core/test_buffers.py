@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -111,3 +112,35 @@ def test_an_array_freed_by_the_collector_inside_the_pool_never_hangs() -> None:
     # Kept: the last two `a`, freed by counting (the first went to the third cycle).
     # The cycles, freed by the collector while the lock was held, were unmapped.
     assert done.stdout.split() == [str(2 * 2**20)]
+
+
+@pytest.mark.parametrize(
+    ("offset", "dtype", "skew"),
+    [(0, "float32", 0), (4096 + 24, "float32", 24), (4094, "float32", 0), (4094, "bfloat16", 4094),
+     (13, "uint8", 13), (8, "complex128", 8)],
+)  # fmt: skip
+def test_lined_up_arrays_start_where_their_place_in_a_file_does(
+    offset: int, dtype: str, skew: int
+) -> None:
+    """As far into a page as ``offset`` lies into one, where the dtype allows it (else
+    at a page), on this thread only; a pooled mapping serves them as any other."""
+    import ml_dtypes  # noqa: F401 -- registers bfloat16 with numpy
+
+    kind = np.dtype(dtype)
+    seen: list[int] = []
+    with pooled(), _buffers.lined_up(offset):
+        for _ in range(2):
+            a = empty_array((1 << 20,), kind)
+            a[:] = 7
+            seen.append(a.ctypes.data)
+            assert a.ctypes.data % 4096 == skew and a.flags.aligned and (a == 7).all()
+            del a
+        other: list[int] = []
+        thread = threading.Thread(
+            target=lambda: other.append(empty_array((1 << 20,), kind).ctypes.data % 4096)
+        )
+        thread.start()
+        thread.join()
+        assert other == [0]
+    assert seen[0] == seen[1]  # The second took the first's memory.
+    assert empty_array((1 << 20,), kind).ctypes.data % 4096 == 0

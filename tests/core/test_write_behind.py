@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxshare import _output
+from jaxshare import _buffers, _output
+from jaxshare._buffers import empty_array, lined_up, pooled
 from jaxshare._mapped import map_file, write_array
 from jaxshare._output import WriteBehind
 
@@ -105,12 +106,21 @@ def test_write_array_writes_the_bytes_in_steps(tmp_path_factory, shape, dtype, s
 # --- OutputFile: O_DIRECT through staging buffers, or the page cache ---------------
 
 
-@settings(max_examples=40, deadline=None)
+# How a piece is written: as bytes, as an array (copied), as an array kept and made
+# to line up with the file (`lined_up`, or zeros written first: `gap`), or kept but
+# not lined up.
+WAYS = ["bytes", "array", "lined up", "gap", "kept"]
+
+
+@settings(max_examples=60, deadline=None)
 @given(
-    pieces=st.lists(st.integers(0, 3 * 4096 + 7), max_size=10),
+    pieces=st.lists(
+        st.tuples(st.integers(0, 5 * 4096 + 7), st.sampled_from(WAYS), st.integers(0, 3)),
+        max_size=10,
+    ),
     patches=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 40)), max_size=4),
     direct=st.booleans(),
-    step=st.sampled_from([4096, 8192]),
+    step=st.sampled_from([4096, 8192, 16384]),
     writers=st.sampled_from([1, 2, 3]),
 )
 def test_every_byte_and_patch_written_is_in_the_file(
@@ -122,12 +132,31 @@ def test_every_byte_and_patch_written_is_in_the_file(
     with monkeypatch_module.context() as m:
         m.setattr(_output, "DIRECT_STEP", step)
         m.setattr(_output, "DIRECT_WRITERS", writers)
+        m.setattr(_output, "LEND_BYTES", 4096)
+        m.setattr(_buffers, "MAP_BYTES", 4096)
         if not direct:
             m.delattr(os, "O_DIRECT", raising=False)
         with _output.OutputFile(path) as out:
-            for k, n in enumerate(pieces):
+            for n, way, skew in pieces:
                 data = rng.integers(0, 256, n, dtype=np.uint8)
-                out.write(data.tobytes()) if k % 2 else out.write_array(data)
+                if way == "bytes":
+                    out.write(data.tobytes())
+                elif way == "array":
+                    out.write_array(data)
+                elif way == "lined up":  # As a plan's arrays are made for a safetensors file.
+                    with lined_up(out.tell()):
+                        array = empty_array((n,), np.dtype(np.uint8))
+                    array[:] = data
+                    out.write_array(array, kept=True)
+                    del array  # (Its memory freed, or pooled, once written.)
+                else:  # The item writer's way: a few zeros where the addresses differ.
+                    array = data[skew:]
+                    if way == "gap":
+                        zeros = bytes(out.gap(array))
+                        out.write(zeros)
+                        want += zeros
+                    out.write_array(array, kept=True)
+                    data = array
                 want += data.tobytes()
                 assert out.tell() == len(want)
             for where, n in patches:
@@ -145,6 +174,36 @@ def monkeypatch_module():
         yield m
 
 
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="written through the page cache")
+@pytest.mark.parametrize("skew", [0, 8, 4092])
+def test_a_kept_array_lined_up_with_the_file_is_not_copied(tmp_path, monkeypatch, skew):
+    """Only its first and last partial blocks go through the staging buffers; its
+    whole blocks are written from where they lie."""
+    copied = []
+    real = _output.OutputFile._append
+
+    def append(self, view):
+        copied.append(len(view))
+        real(self, view)
+
+    monkeypatch.setattr(_output.OutputFile, "_append", append)
+    path = tmp_path / "out"
+    header = b"h" * (1000 + skew)
+    with pooled(), _output.OutputFile(path) as out:
+        out.write(header)
+        with lined_up(out.tell()):
+            array = empty_array((3 << 20,), np.dtype(np.float32))
+        array[:] = np.arange(array.size, dtype=np.float32)
+        out.write_array(array, kept=True)
+        del array
+        out.write(b"end")
+    assert sum(copied) - len(header) - 3 < 2 * 4096, copied
+    data = path.read_bytes()
+    assert data[: len(header)] == header and data[-3:] == b"end"
+    got = np.frombuffer(data[len(header) : -3], np.float32)
+    assert np.array_equal(got, np.arange(3 << 20, dtype=np.float32))
+
+
 @linux
 def test_an_output_file_bypasses_the_page_cache(tmp_path):
     path = tmp_path / "out"
@@ -160,15 +219,15 @@ def test_a_failed_write_is_raised_to_the_writer_and_stops_the_thread(tmp_path, m
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("the page cache path raises at once")
     calls = []
-    real = os.pwrite
+    real = os.pwritev
 
-    def full_disk(fd, data, offset):
+    def full_disk(fd, parts, offset):
         calls.append(offset)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return real(fd, data, offset)
+        return real(fd, parts, offset)
 
-    monkeypatch.setattr(os, "pwrite", full_disk)
+    monkeypatch.setattr(os, "pwritev", full_disk)
     monkeypatch.setattr(_output, "DIRECT_STEP", 4096)
     before = set(threading.enumerate())
     out = _output.OutputFile(tmp_path / "out")
@@ -184,10 +243,10 @@ def test_a_failed_write_is_raised_to_the_writer_and_stops_the_thread(tmp_path, m
 def test_a_write_failing_at_close_leaves_no_file_open(tmp_path, monkeypatch):
     """(A descriptor left open keeps, e.g., a full tmpfs from being unmounted.)"""
 
-    def full_disk(fd, data, offset):
+    def full_disk(fd, parts, offset):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full_disk)
+    monkeypatch.setattr(os, "pwritev", full_disk)
     before = len(os.listdir("/proc/self/fd"))
     out = _output.OutputFile(tmp_path / "out")
     out.write(b"x" * 100)  # Less than a buffer: written at close.
