@@ -505,7 +505,7 @@ class OutputFile:
         # The next write: its parts (memory and the staging buffer it lies in, if
         # any), in the file's order from _gathered on.
         self._parts: list[tuple[memoryview, _Staging | None]] = []
-        self._gathered = 0
+        self._gathered = self._batched = 0  # (_batched: the bytes of _parts.)
         self._writes = 0  # Writes handed on and not yet done.
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -648,8 +648,11 @@ class OutputFile:
         self._append(view[:head].data)
         self._seal()
         end = head + (len(view) - head) // _ALIGN * _ALIGN
-        for start in range(head, end, DIRECT_STEP):
-            self._gather(view[start : min(end, start + DIRECT_STEP)].data, None)
+        start = head
+        while start < end:  # In writes of DIRECT_STEP (the disk's best, and memory held).
+            stop = min(end, start + DIRECT_STEP - self._batched)
+            self._gather(view[start:stop].data, None)
+            start = stop
         self._open += end - head
         self._append(view[end:].data)
 
@@ -666,10 +669,11 @@ class OutputFile:
         """Adds ``part`` to the next write, handing that on once it holds
         :data:`DIRECT_STEP` bytes."""
         self._parts.append((part, staging))
+        self._batched += part.nbytes
         if staging is not None:
             with self._cond:
                 staging.holders += 1
-        if sum(p.nbytes for p, _ in self._parts) >= DIRECT_STEP:
+        if self._batched >= DIRECT_STEP:
             self._hand_on()
 
     def _hand_on(self) -> None:
@@ -679,7 +683,8 @@ class OutputFile:
             return
         parts, offset = self._parts, self._gathered
         self._parts = []
-        self._gathered += sum(p.nbytes for p, _ in parts)
+        self._gathered += self._batched
+        self._batched = 0
         with self._cond:
             while self._writes >= DIRECT_WRITERS and self._error is None:
                 self._cond.wait()

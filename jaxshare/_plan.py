@@ -283,7 +283,7 @@ class Plan:
         streamed = dwarfs([e.info.nbytes for e in self.entries])
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
                                             if i not in streamed))  # fmt: skip
-        make_blocks = self._streamed_blocks(source, streamed)
+        make_blocks = self._streamed_blocks(source, streamed, offsets)
         # The others are read ahead once the first of them is asked for (from the
         # start, it held two more of them beside a streamed embedding: unstacking
         # went over its memory bound); their memory, freed, waits for the next of
@@ -324,12 +324,14 @@ class Plan:
                     reader.close()
 
     def _streamed_blocks(
-        self, source: TensorSource, streamed: set[int]
+        self, source: TensorSource, streamed: set[int], offsets: Mapping[str, int] | None
     ) -> Callable[[int], Iterable[np.ndarray]]:
         """``blocks(i)``: the blocks of the streamed entry ``i``. Streamed entries in
         a row that read one source (an embedding and its tied head written out
         transposed) read it once, whole, and each makes its blocks from it
-        (:class:`SharedRead`): the source is decoded once, not once per entry."""
+        (:class:`SharedRead`): the source is decoded once, not once per entry.
+        With ``offsets``, each block is made to line up with where it goes (the
+        source read once, with the entry that writes it as it is)."""
         entries = self.entries
         shared: dict[int, SharedRead] = {}
         runs = itertools.groupby(
@@ -342,13 +344,16 @@ class Plan:
                 and len(group) > 1
                 and all(source.infos[name].dtype == entries[k].info.dtype for k in group)
             ):
-                read = SharedRead(partial(source.array, name), len(group))
+                whole = [entries[k].name for k in group if entries[k].perm is None]
+                at = (offsets or {}).get(whole[0]) if whole else None
+                read = SharedRead(partial(_made_at, at, partial(source.array, name)), len(group))
                 shared.update(dict.fromkeys(group, read))
 
         def blocks(i: int) -> Iterable[np.ndarray]:
-            if i in shared:
-                return shared[i].blocks(entries[i].perm)
-            return self.blocks(source, entries[i])
+            entry = entries[i]
+            made = shared[i].blocks(entry.perm) if i in shared else self.blocks(source, entry)
+            at = (offsets or {}).get(entry.name)
+            return made if at is None else _lined_up_blocks(made, at)
 
         return blocks
 
@@ -475,6 +480,32 @@ def dwarfs(sizes: Sequence[int]) -> set[int]:
         return set()
     fourth = sorted(sizes, reverse=True)[min(3, len(sizes) - 1)]
     return {i for i, n in enumerate(sizes) if n > 2 * fourth}
+
+
+def _made_at(offset: int | None, make: Callable[[], T]) -> T:
+    """``make()``, its arrays made to line up with ``offset`` (:func:`lined_up`)."""
+    if offset is None:
+        return make()
+    with lined_up(offset):
+        return make()
+
+
+def _lined_up_blocks(blocks: Iterable[np.ndarray], offset: int) -> Iterator[np.ndarray]:
+    """``blocks``, each made (on the thread that takes it) to line up with where it
+    goes in a file: from ``offset`` on, end to end (:func:`lined_up`)."""
+    made = iter(blocks)
+    try:
+        while True:
+            with lined_up(offset):
+                block = next(made, None)
+            if block is None:
+                return
+            offset += block.nbytes
+            yield block
+    finally:  # (Stopped early: the blocks' own generator ends too.)
+        close = getattr(made, "close", None)
+        if close is not None:
+            close()
 
 
 class SharedRead:

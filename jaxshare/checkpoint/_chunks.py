@@ -495,7 +495,7 @@ class DirectArray:
             with zstandard.ZstdDecompressor().stream_reader(source) as reader:
                 for lo in range(start, stop, step):
                     hi = min(lo + step, stop)
-                    block = np.empty((hi - lo, *layout.chunks[1:]), layout.dtype)
+                    block = empty_array((hi - lo, *layout.chunks[1:]), layout.dtype)
                     _read_fully(reader, block.reshape(-1).view(np.uint8), where)
                     yield block[trim]
                 _check_end(reader, layout.chunk_bytes - (stop - start) * row_bytes, where)

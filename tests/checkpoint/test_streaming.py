@@ -177,26 +177,42 @@ def test_large_chunks_are_written_where_they_lie_and_orbax_restores_them(
 
 @pytest.mark.parametrize("manifest", [False, True])
 @pytest.mark.parametrize("names", ["flax", "torch"])
+@pytest.mark.parametrize("embedding", [False, True])
 def test_arrays_read_into_a_safetensors_file_are_made_where_the_file_writes_them(
-    tmp_path: Path, copied: list[int], names: str, manifest: bool
+    tmp_path: Path, copied: list[int], names: str, manifest: bool, embedding: bool
 ) -> None:
     """Each array a plan reads ahead (decoded, transposed) is made to line up with
     its place in the file, which then writes it without a copy: only the header,
-    the arrays' partial first and last blocks, and the small arrays are copied."""
+    the arrays' partial first and last blocks, and the small arrays are copied. So
+    is a streamed embedding that dwarfs the rest, and the bands of its tied head
+    transposed."""
     rng = np.random.default_rng(2)
     tensors = {
         f"h.{i}.weight": rng.standard_normal((600 + 8 * i, 700), dtype=np.float32) for i in range(4)
     } | {"h.0.bias": rng.standard_normal(9, dtype=np.float32)}
-    save_file(tensors, tmp_path / "m.safetensors")
+    metadata = None
+    if embedding:
+        tensors["wte.weight"] = rng.standard_normal((6000, 700), dtype=np.float32)
+        tie = AliasMap({"lm_head.weight": "wte.weight"})
+        metadata = {"format": "pt", "jaxshare.alias_map": tie.to_json()}
+    save_file(tensors, tmp_path / "m.safetensors", metadata=metadata)
     with SafetensorsFile(tmp_path / "m.safetensors") as source:
         jc.write_item(tmp_path / "ckpt", bridge.flax_plan(source), source)
     copied.clear()
     out = tmp_path / "out.safetensors"
     with jc.open_source(tmp_path / "ckpt") as source:
-        plan = bridge.torch_plan(source) if names == "torch" else Plan.identity(source)
-        save_plan(out, plan, source, manifest=manifest)
-        want = {e.name: np.asarray(plan.array(source, e)) for e in plan.entries}
-    assert sum(copied) < read_header(out).data_start + 4 * 2 * 4096 + 9 * 4, copied
+        plan = bridge.torch_plan(source)
+        if names == "torch":  # The tie recorded, its head not written.
+            save_plan(out, plan, source, manifest=manifest)
+            want = {e.name: np.asarray(plan.array(source, e)) for e in plan.entries}
+        else:  # Every path, the head written out (the command's Flax names).
+            jc.consolidate_to_safetensors(tmp_path / "ckpt", out, manifest=manifest)
+            want = {n: np.asarray(source.array(n)) for n in source.infos}
+            for alias, canonical in source.ties.items():
+                want[alias] = np.transpose(want[canonical], source.ties.transform(alias))
+    assert len(want) == 5 + embedding + (embedding and names == "flax")
+    # Copied: the header, the bias, a last band of one row, and the blocks at the edges.
+    assert sum(copied) < read_header(out).data_start + 2**16 < out.stat().st_size / 100, copied
     with SafetensorsFile(out) as got:
         assert {n: got.array(n).tobytes() for n in want} == {
             n: a.tobytes() for n, a in want.items()
