@@ -346,7 +346,11 @@ class Plan:
             ):
                 whole = [entries[k].name for k in group if entries[k].perm is None]
                 at = (offsets or {}).get(whole[0]) if whole else None
-                read = SharedRead(partial(_made_at, at, partial(source.array, name)), len(group))
+                read = SharedRead(
+                    partial(_made_at, at, partial(source.array, name)),
+                    len(group),
+                    partial(_made_at, at, partial(source.array_in_rows, name)),
+                )
                 shared.update(dict.fromkeys(group, read))
 
         def blocks(i: int) -> Iterable[np.ndarray]:
@@ -516,6 +520,10 @@ class SharedRead:
     Args:
       read: reads the array (called once, by the first to ask for blocks).
       users: how many will call :meth:`blocks`.
+      in_rows: reads the array and its bands of rows as they are read into it
+        (:meth:`TensorSource.array_in_rows`), or ``None``: where the first to ask
+        takes the array as it is, it takes those bands, and the writer starts on
+        the first while the rest are read; the others wait for the array whole.
 
     >>> shared = SharedRead(lambda: np.arange(6, dtype=np.float32).reshape(2, 3), users=2)
     >>> [b.tolist() for b in shared.blocks((1, 0), block_bytes=8)]
@@ -524,22 +532,47 @@ class SharedRead:
     [(2, 3)]
     """
 
-    def __init__(self, read: Callable[[], np.ndarray], users: int) -> None:
+    def __init__(
+        self,
+        read: Callable[[], np.ndarray],
+        users: int,
+        in_rows: Callable[[], tuple[np.ndarray, Iterator[np.ndarray]] | None] | None = None,
+    ) -> None:
         self._read = read
+        self._in_rows = in_rows
         self._users = users
         self._array: np.ndarray | None = None
         self._lock = threading.Lock()
+        self._whole = threading.Event()  # Set once the array is read whole, or is not.
+        self._filled = False
 
     def blocks(self, perm: Perm | None, *, block_bytes: int = 16 * 2**20) -> Iterator[np.ndarray]:
-        """The array (transposed by ``perm``) in C order: itself whole, or its
-        transpose in bands of the output's first axis of about ``block_bytes``."""
+        """The array (transposed by ``perm``) in C order: itself whole (or its bands
+        as they are read), or its transpose in bands of the output's first axis of
+        about ``block_bytes``."""
+        bands = None
         with self._lock:
-            if self._array is None:
-                self._array = self._read()
+            if self._array is None and not self._whole.is_set():
+                made = self._in_rows() if perm is None and self._in_rows is not None else None
+                if made is None:
+                    self._array, self._filled = self._read(), True
+                    self._whole.set()
+                else:
+                    self._array, bands = made
             x = self._array
             self._users -= 1
             if not self._users:  # The last: the array goes once its blocks are written.
                 self._array = None
+        if bands is not None:  # Filled as its bands are taken; the others wait for it.
+            try:
+                yield from bands
+                self._filled = True
+            finally:
+                self._whole.set()
+            return
+        self._whole.wait()
+        if x is None or not self._filled:  # Its filling stopped: read again, whole.
+            x = self._read()
         if perm is None or x.ndim == 0:
             yield x
             return

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -102,6 +102,14 @@ class TensorSource(abc.ABC):
         the source does not say (the default: it holds them in memory, or reads
         them otherwise)."""
         return ()
+
+    def array_in_rows(self, name: str) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
+        """The whole tensor ``name`` as :meth:`array` gives it, and the bands of
+        its leading rows, end to end, each handed out once read into it, where the
+        source reads it so (an Orbax item, chunk by chunk): a writer starts on the
+        first while the rest are read. The array is whole once the bands are all
+        taken. ``None`` (the default) where it does not."""
+        return None
 
     def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
         """The tensor ``name`` transposed by ``perm`` into one new C-ordered array,

@@ -458,6 +458,34 @@ class DirectArray:
             pass
         return out
 
+    def read_in_rows(self) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
+        """The whole array as :meth:`read` makes it, and the bands of its rows, one
+        per chunk, each handed out once decoded into it (chunks decoded in order on
+        threads): a writer starts on the first while the rest are decoded. The
+        array is whole once every band is taken. ``None`` where a chunk is not a
+        band of whole rows.
+
+        Raises:
+          ValueError: as :meth:`read`, from the bands.
+        """
+        layout = self.layout
+        if not layout.shape or not all(
+            c >= n for c, n in zip(layout.chunks[1:], layout.shape[1:], strict=True)
+        ):
+            return None
+        out = empty_array(layout.shape, layout.dtype)
+        jobs = list(self._pieces(_bounds(None, layout.shape)))
+
+        def fill(job: tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]) -> None:
+            grid, inside, at = job
+            self._fill(grid, inside, at, out, out, None)
+
+        def bands() -> Iterator[np.ndarray]:
+            for (_, _, at), _ in zip(jobs, parallel_map(fill, jobs), strict=True):
+                yield out[at[0]]
+
+        return out, bands()
+
     def row_blocks(
         self, perm: Perm | None = None, *, block_bytes: int = 16 * 2**20
     ) -> Iterator[np.ndarray]:

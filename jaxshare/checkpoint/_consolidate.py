@@ -117,11 +117,14 @@ def consolidate_to_safetensors(
     entries = []
     names = sorted([*item.stored, *amap])
     # Each canonical with its aliases in a row (at its first name's place): the
-    # plan reads it once for all of them.
+    # plan reads it once for all of them, the untransposed first (written as it is
+    # read, while the rest is decoded).
     first: dict[str, int] = {}
     for name in names:
         first.setdefault(_source(amap, name)[0], len(first))
-    for name in sorted(names, key=lambda n: first[_source(amap, n)[0]]):
+    for name in sorted(
+        names, key=lambda n: (first[_source(amap, n)[0]], _source(amap, n)[1] is not None)
+    ):
         canonical, perm = _source(amap, name)
         entries.append(PlanEntry(name, canonical, perm, source.infos[canonical].permuted(perm)))
     # Aliases are entries of their own (written out), so the plan itself has no ties.

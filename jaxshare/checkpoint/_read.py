@@ -52,6 +52,15 @@ class LeafReader:
         ts.array(out, copy=False, write=True).write(store).result()
         return out
 
+    def read_in_rows(self, path: str) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
+        """``read(path)`` and its bands of rows as they are decoded into it
+        (:meth:`DirectArray.read_in_rows`); ``None`` where it is not read so (cast,
+        read by TensorStore, chunks that split its rows)."""
+        direct = self.direct(path)
+        if direct is None or self._cast(direct) != direct.dtype:
+            return None
+        return direct.read_in_rows()
+
     def read_permuted(self, path: str, perm: Perm) -> np.ndarray | None:
         """``read(path)`` transposed by ``perm`` into one new C-ordered array, each
         chunk transposed into place; ``None`` where TensorStore reads the array

@@ -68,6 +68,9 @@ class CheckpointSource(TensorSource):
     def permuted_array(self, name: str, perm: Any) -> np.ndarray | None:
         return self._reader.read_permuted(name, perm)
 
+    def array_in_rows(self, name: str) -> Any:
+        return self._reader.read_in_rows(name)
+
     def permutes_as_read(self, name: str) -> bool:
         return self._reader.direct(name) is not None
 

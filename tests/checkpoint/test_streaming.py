@@ -4,9 +4,11 @@ at a time; ``save_plan`` and ``ReadAhead`` hold about two arrays, never the mode
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 import weakref
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
 from jaxshare._output import OutputFile
-from jaxshare._plan import BlocksAhead, ReadAhead
+from jaxshare._plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
@@ -468,6 +470,90 @@ def test_streamed_entries_in_a_row_with_one_source_decode_it_once(tmp_path: Path
         want = np.arange(2048 * 48, dtype=np.float32).reshape(2048, 48) + source.reads.index("wte")
         np.testing.assert_array_equal(got.array("wte"), want)
         np.testing.assert_array_equal(got.array("head"), want.T)
+
+
+class InRows(CountingSource):
+    """Reads in bands of rows as well (``array_in_rows``): each band filled when
+    it is taken, after ``gate`` is passed; records what it was asked."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], band: int) -> None:
+        super().__init__(shapes)
+        self.band, self.gate, self.asked = band, threading.Event(), []
+        self.gate.set()
+
+    def read(self, name: str) -> np.ndarray:
+        self.asked.append("whole")
+        shape = self.infos[name].shape
+        return np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+
+    def array_in_rows(self, name: str) -> tuple[np.ndarray, Any]:
+        self.asked.append("in rows")
+        shape = self.infos[name].shape
+        want = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+        out = np.full_like(want, np.nan)
+
+        def bands() -> Any:
+            for lo in range(0, len(out), self.band):
+                self.gate.wait()
+                out[lo : lo + self.band] = want[lo : lo + self.band]
+                yield out[lo : lo + self.band]
+
+        return out, bands()
+
+
+@pytest.mark.parametrize("first", ["as it is", "transposed"])
+def test_a_shared_read_hands_out_bands_as_read_and_the_others_wait_for_the_whole(
+    first: str,
+) -> None:
+    source = InRows({"wte": (12, 5)}, band=4)
+    read = SharedRead(partial(source.array, "wte"), 2, partial(source.array_in_rows, "wte"))
+    want = np.arange(60, dtype=np.float32).reshape(12, 5)
+    perms = [None, (1, 0)] if first == "as it is" else [(1, 0), None]
+    firsts = read.blocks(perms[0])
+    block = next(firsts)  # The first band (or the whole, read first for a transpose).
+    source.gate.clear()  # The rest of the bands wait...
+    others = BlocksAhead(read.blocks(perms[1]))  # ... and the other user for them.
+    time.sleep(0.05)
+    source.gate.set()
+    got = [block, *firsts]
+    if first == "as it is":
+        assert source.asked == ["in rows"] and [b.shape for b in got] == [(4, 5)] * 3
+        np.testing.assert_array_equal(np.concatenate(got), want)
+        np.testing.assert_array_equal(np.concatenate(list(others), axis=0), want.T)
+    else:
+        assert source.asked == ["whole"]
+        np.testing.assert_array_equal(np.concatenate(got, axis=0), want.T)
+        np.testing.assert_array_equal(np.concatenate(list(others)), want)
+
+
+def test_a_shared_read_stopped_while_filled_is_read_again_whole() -> None:
+    source = InRows({"wte": (12, 5)}, band=4)
+    read = SharedRead(partial(source.array, "wte"), 2, partial(source.array_in_rows, "wte"))
+    firsts = read.blocks(None)
+    next(firsts)
+    firsts.close()  # (A write failed: the array is not whole.)
+    transposed = np.concatenate(list(read.blocks((1, 0))), axis=0)
+    assert source.asked == ["in rows", "whole"]
+    np.testing.assert_array_equal(transposed, np.arange(60, dtype=np.float32).reshape(12, 5).T)
+
+
+def test_an_item_array_is_read_in_bands_of_rows_one_per_chunk(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    tensors = {"wte.weight": rng.standard_normal((5000, 900), dtype=np.float32)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    with SafetensorsFile(tmp_path / "m.safetensors") as source:
+        jc.write_item(tmp_path / "ckpt", bridge.flax_plan(source), source)
+    with jc.open_source(tmp_path / "ckpt") as source:
+        (name,) = source.infos
+        chunks = source.chunk_shape(name)
+        made = source.array_in_rows(name)
+        assert made is not None and chunks is not None and chunks[0] < 5000
+        whole, bands = made
+        got = list(bands)
+        assert [len(b) for b in got[:-1]] == [chunks[0]] * (len(got) - 1)
+        assert all(np.shares_memory(b, whole) for b in got)
+        np.testing.assert_array_equal(whole, source.array(name))
+        np.testing.assert_array_equal(whole, tensors["wte.weight"])
 
 
 def test_consolidating_a_streamed_item_gives_every_path(torch_file: Path, tmp_path: Path) -> None:

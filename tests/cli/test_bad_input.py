@@ -429,7 +429,7 @@ def test_a_missing_parent_is_created_on_every_route(tmp_path, capsys):
 def test_a_failed_write_removes_the_parents_it_created(tmp_path, capsys, monkeypatch):
     src = write_item(tmp_path / "ckpt")
 
-    read, blocks = LeafReader.read, LeafReader.blocks
+    read, blocks, in_rows = LeafReader.read, LeafReader.blocks, LeafReader.read_in_rows
 
     def full_disk(real):  # The first array is written; the disk fills up after.
         def reader(self, path, *args):
@@ -439,9 +439,11 @@ def test_a_failed_write_removes_the_parents_it_created(tmp_path, capsys, monkeyp
 
         return reader
 
-    # (Read whole and ahead, or streamed as blocks: whichever way the plan reads it.)
+    # (Read whole and ahead, streamed as blocks, or in bands of rows: whichever way
+    # the plan reads it.)
     monkeypatch.setattr(LeafReader, "read", full_disk(read))
     monkeypatch.setattr(LeafReader, "blocks", full_disk(blocks))
+    monkeypatch.setattr(LeafReader, "read_in_rows", full_disk(in_rows))
     assert main(["convert", "--quiet", str(src), str(tmp_path / "x/y/o.safetensors")]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
