@@ -634,8 +634,7 @@ class OutputFile:
             self._filled += n
             data = data[n:]
             if self._filled == DIRECT_STEP:
-                self._seal()
-                self._buffer.full = True
+                self._seal(full=True)
                 self._hand_on()  # (No write waiting to be handed on holds a full buffer.)
                 self._buffer = self._take()
                 self._cut = self._filled = 0
@@ -656,29 +655,37 @@ class OutputFile:
         self._open += end - head
         self._append(view[end:].data)
 
-    def _seal(self) -> None:
+    def _seal(self, *, full: bool = False) -> None:
         """Puts the current buffer's bytes not yet in a write (whole blocks, but at
-        the file's end) into the next."""
+        the file's end) into the next; ``full``: the buffer is filled to its end,
+        and goes back to the free once the writes that hold it are done."""
+        buffer = self._buffer
         if self._filled > self._cut:
-            part = memoryview(self._buffer.memory)[self._cut : self._filled]
+            part = memoryview(buffer.memory)[self._cut : self._filled]
             self._open += self._filled - self._cut
             self._cut = self._filled
-            self._gather(part, self._buffer)
+            with self._cond:  # (With the flag: a write done now sees both.)
+                buffer.holders += 1
+                buffer.full = full
+            self._gather(part, buffer)
+        elif full:
+            with self._cond:
+                buffer.full = True
+                if not buffer.holders:
+                    self._free.append(buffer)
+                    self._cond.notify_all()
 
     def _gather(self, part: memoryview, staging: _Staging | None) -> None:
-        """Adds ``part`` to the next write, handing that on once it holds
-        :data:`DIRECT_STEP` bytes."""
+        """Adds ``part`` (of ``staging``, which counts it among its holders) to
+        the next write, handing that on once it holds :data:`DIRECT_STEP` bytes."""
         self._parts.append((part, staging))
         self._batched += part.nbytes
-        if staging is not None:
-            with self._cond:
-                staging.holders += 1
         if self._batched >= DIRECT_STEP:
             self._hand_on()
 
     def _hand_on(self) -> None:
-        """Hands the next write to the writing threads, waiting while
-        :data:`DIRECT_BUFFERS` are in flight."""
+        """Hands the next write to the writing threads, waiting while each of them
+        has one."""
         if not self._parts:
             return
         parts, offset = self._parts, self._gathered

@@ -20,7 +20,8 @@ JAX and Orbax cost a second of every run. Here:
 - it is cut into chunks of whole rows of at most :data:`CHUNK_BYTES` (a stack
   in per-layer chunks), each zstd-compressed at Orbax's level on a few threads
   (or stored raw), and appended to data files that go to the disk as they are
-  written (:class:`jaxshare._output.OutputFile`);
+  written (:class:`jaxshare._output.OutputFile`), a large one from where it lies
+  in memory, after a few zeros that line it up with the file's blocks;
 - the B+tree that finds every chunk and the manifest are then encoded in
   TensorStore's format (:mod:`jaxshare.checkpoint._ocdbt`), and the metadata
   files written, every file ``fsync`` ed before the item is renamed into place.

@@ -253,3 +253,35 @@ def test_a_write_failing_at_close_leaves_no_file_open(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         out.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="written through the page cache")
+def test_staging_buffers_come_back_however_fast_the_disk_writes(tmp_path, monkeypatch):
+    """A write done at once, before the writer's next step, still gives back the
+    staging buffer it held: the writer never waits forever for a free one."""
+    real = _output.OutputFile._hand_on
+
+    def at_once(self):  # Every write done before the writer goes on.
+        real(self)
+        with self._cond:
+            while self._writes and self._error is None:
+                self._cond.wait()
+
+    monkeypatch.setattr(_output.OutputFile, "_hand_on", at_once)
+    monkeypatch.setattr(_output, "DIRECT_STEP", 8192)
+    rng = np.random.default_rng(0)
+    want = bytearray()
+    done = threading.Event()
+
+    def write() -> None:
+        with _output.OutputFile(tmp_path / "out") as out:
+            for n in rng.integers(1, 3 * 8192, 200):
+                data = rng.integers(0, 256, int(n), dtype=np.uint8).tobytes()
+                out.write(data)
+                want.extend(data)
+        done.set()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    assert done.wait(30), "the writer waits for a staging buffer that never comes back"
+    assert (tmp_path / "out").read_bytes() == bytes(want)
