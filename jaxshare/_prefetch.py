@@ -14,8 +14,8 @@ holds.
 
 :class:`Prefetch` walks the tensors of a plan in its order, each as the file
 ranges its source says it reads (:meth:`jaxshare.stream.TensorSource.extents`),
-at most :data:`WINDOW` bytes of them ahead of the tensor the conversion has
-reached. Pages read ahead are the page cache's, which the kernel reclaims as it
+at most :data:`WINDOW` bytes of them past the end of the tensor the conversion
+has reached. Pages read ahead are the page cache's, which the kernel reclaims as it
 needs: not the conversion's memory.
 """
 
@@ -76,7 +76,8 @@ class Prefetch:
         self._thread.start()
 
     def reached(self, i: int) -> None:
-        """The conversion starts on tensor ``i``: read up to :data:`WINDOW` past it."""
+        """The conversion starts on tensor ``i``: read up to :data:`WINDOW` past its
+        end."""
         with self._cond:
             if i > self._reached:
                 self._reached = i
@@ -101,9 +102,11 @@ class Prefetch:
             return
         try:
             for i in range(len(self._starts) - 1):
-                with self._cond:  # Tensor i within the window past the one reached.
+                with self._cond:  # Tensor i within the window past the end of the one
+                    # reached (from its start, nothing past an embedding larger than the
+                    # window was read while it was converted: the disk's reads stopped).
                     while not self._closed and (
-                        self._starts[i] > self._starts[self._reached] + self._window
+                        self._starts[i] > self._starts[self._reached + 1] + self._window
                     ):
                         self._cond.wait()
                     if self._closed:

@@ -64,7 +64,8 @@ def test_each_tensor_is_asked_for_in_order_within_the_window(
         for step in [0, *sorted(steps)]:
             reached = max(reached, min(step, len(sizes) - 1))
             ahead.reached(reached)
-            allowed = [i for i in range(len(sizes)) if starts[i] <= starts[reached] + window]
+            # The window runs from the end of the tensor reached.
+            allowed = [i for i in range(len(sizes)) if starts[i] <= starts[reached + 1] + window]
             _settle(asked, len(allowed))
             with lock:
                 assert asked == list(range(len(asked)))  # In order, each once.
