@@ -567,11 +567,13 @@ class OutputFile:
             self._file.seek(offset)
             self._file.write(data)
             self._file.seek(self._size)
-        elif offset >= self._open:  # Still in the current buffer, in no write yet.
-            start = self._cut + offset - self._open
-            self._buffer.memory[start : start + len(data)] = data
-        else:
-            self._patches.append((offset, data))
+        else:  # Bytes in a write already: after close; the rest in the current buffer.
+            split = min(len(data), max(0, self._open - offset))
+            if split:
+                self._patches.append((offset, data[:split]))
+            if split < len(data):  # (Split: a later patch over these bytes wins either way.)
+                start = self._cut + offset + split - self._open
+                self._buffer.memory[start : start + len(data) - split] = data[split:]
 
     def close(self) -> None:
         """Writes what is left, then ``fsync`` s: the file is on disk, whole."""

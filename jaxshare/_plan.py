@@ -218,8 +218,8 @@ class Plan:
         read_done = [threading.Event() for _ in entries]
 
         def read(i: int) -> np.ndarray:
-            with lined_up((offsets or {}).get(entries[i].name, 0)):
-                return made(i)
+            at = None if offsets is None else offsets.get(entries[i].name)
+            return _made_at(at, partial(made, i))
 
         def made(i: int) -> np.ndarray:
             entry = entries[i]

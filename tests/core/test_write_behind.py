@@ -285,3 +285,18 @@ def test_staging_buffers_come_back_however_fast_the_disk_writes(tmp_path, monkey
     thread.start()
     assert done.wait(30), "the writer waits for a staging buffer that never comes back"
     assert (tmp_path / "out").read_bytes() == bytes(want)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_later_patch_wins_over_one_across_the_bytes_in_a_write(tmp_path, monkeypatch, direct):
+    """A patch over bytes already handed to the disk and bytes still buffered, then
+    a patch over the buffered ones: the later patch's bytes are in the file (the
+    first had been put in place after the second, at close)."""
+    monkeypatch.setattr(_output, "DIRECT_STEP", 8192)
+    if not direct:
+        monkeypatch.delattr(os, "O_DIRECT", raising=False)
+    with _output.OutputFile(tmp_path / "out") as out:
+        out.write(bytes(16384 + 100))  # Two buffers handed on, 100 bytes in the third.
+        out.patch(16383, b"ab")
+        out.patch(16384, b"c")
+    assert (tmp_path / "out").read_bytes()[16382:16386] == b"\x00ac\x00"
