@@ -645,7 +645,7 @@ class OutputFile:
         """Appends ``view`` (``uint8``, lined up with the file's blocks): its first
         partial block staged, its whole blocks gathered where they lie into the
         writes, its last partial block staged."""
-        head = -(self._open + self._filled - self._cut) % _ALIGN
+        head = -self._size % _ALIGN  # (The file's end: `_size` counts `view` after this.)
         self._append(view[:head].data)
         self._seal()
         end = head + (len(view) - head) // _ALIGN * _ALIGN
