@@ -91,7 +91,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import stream_convert
-from stream_convert import ROOT, remove
+from stream_convert import ROOT, compiled, remove
 
 GB = 1e9
 GOAL_PLAIN, GOAL_TRANSPOSED = 1.25, 1.5
@@ -579,6 +579,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.compute_child:
         return compute_child(args.compute_child)
+    compiled()
     width, blocks, vocab, inner = 1600, SIZES[args.size], 50257, 4264
     if args.quick:
         width, blocks, vocab, inner = 256, 2, 5000, 680

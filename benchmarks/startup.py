@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stream_convert import ROOT, compiled
+
 GOAL_HELP_S = 0.5
 GOALS_S = {
     "jaxshare --help": GOAL_HELP_S,
@@ -83,6 +85,7 @@ def main() -> None:
         help="let the commands import torch (an older checkout whose inspect needs it)",
     )
     args = parser.parse_args()
+    compiled(args.source.absolute() if args.source is not None else ROOT)
     env = dict(os.environ)
     if args.source is not None:
         env["PYTHONPATH"] = str(args.source.absolute())
