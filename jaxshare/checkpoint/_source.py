@@ -9,6 +9,7 @@ reads only the chunks the slice covers -- at a time.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ class CheckpointSource(TensorSource):
     def permuted_array(self, name: str, perm: Any) -> np.ndarray | None:
         return self._reader.read_permuted(name, perm)
 
-    def array_in_rows(self, name: str) -> Any:
+    def array_in_rows(self, name: str) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
         return self._reader.read_in_rows(name)
 
     def permutes_as_read(self, name: str) -> bool:
