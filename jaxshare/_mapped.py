@@ -7,20 +7,45 @@ the input file to the output file (``os.copy_file_range``), which neither
 faults the mapped pages in nor touches them with the CPU. Where the kernel
 cannot (another platform, a file system that refuses), it says so and the
 writer writes the view as usual.
+
+A view the CPU is about to read whole (to transpose it, cast it, compress it)
+whose pages are not in the page cache is read another way: :func:`read_direct`
+reads its bytes from the disk straight into memory of the process's own, past
+the page cache (``O_DIRECT``). On this project's machines (a virtual machine
+whose freed memory its host takes back, ``virtio_balloon`` 's free page
+reporting) the first touch of a page the kernel has just read into its cache
+cost 1.2 us, against 0.15 us for a page already there and 0.02 us for the
+process's own reused memory after a direct read: a cold 8 GB ``.safetensors``
+file went to an Orbax item in 13.0-13.8 s with 17-19 s of CPU (its transposes
+10.8-11.7 s, against 5.1 s from a warm file), and in 10.4-10.6 s with 12.8 s of
+CPU read directly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["FileRange", "copy_view", "file_extent", "map_file", "scattered_reads", "write_array"]
+from jaxshare._buffers import empty_array, lined_up
+
+__all__ = [
+    "DIRECT_BYTES",
+    "FileRange",
+    "copy_view",
+    "file_extent",
+    "map_file",
+    "read_direct",
+    "scattered_reads",
+    "write_array",
+]
 
 #: A range of a file: ``(path, offset, length)``.
 FileRange = tuple[str, int, int]
@@ -88,7 +113,10 @@ def scattered_reads(data: np.ndarray) -> Iterator[None]:
     ...     bytes(data[1:])
     b'bc'
     """
-    m = data.base.obj if isinstance(data.base, memoryview) else data.base
+    base = data.base
+    while isinstance(base, np.ndarray):  # (A view of a view of the map.)
+        base = base.base
+    m = base.obj if isinstance(base, memoryview) else base
     if not isinstance(m, mmap.mmap) or not hasattr(mmap, "MADV_RANDOM"):
         yield
         return
@@ -177,6 +205,104 @@ def copy_view(view: np.ndarray, out: BinaryIO) -> bool:
         return False
     out.seek(start + done)
     return True
+
+
+#: Views at least this large are read past the page cache where it lacks them
+#: (:func:`read_direct`); smaller ones are read ahead through it.
+DIRECT_BYTES = 2**20
+#: The bytes one direct read asks for, and how many such reads are in flight at
+#: once for one view (the disk's reads and writes, cold, came at 1.3 GB/s
+#: together with one read of 16 MiB in flight per reading thread, 1.5 GB/s read
+#: ahead through the cache).
+_DIRECT_STEP = 8 * 2**20
+_DIRECT_CALLS = 4
+#: The alignment direct reads keep (offsets, lengths, addresses): a page.
+_ALIGN = mmap.PAGESIZE
+_LIBC: list[ctypes.CDLL | None] = []
+
+
+def read_direct(view: np.ndarray) -> np.ndarray:
+    """``view``'s values, read from the disk into memory of the process's own
+    (``O_DIRECT``, :data:`_DIRECT_STEP` bytes a call, :data:`_DIRECT_CALLS` at
+    once) where ``view`` is a C-contiguous view of at least
+    :data:`DIRECT_BYTES` of a file :func:`map_file` mapped and fewer than half
+    of its pages are in the page cache (see the module's docstring); else
+    ``view`` itself.
+
+    The copy is an :func:`~jaxshare._buffers.empty_array` (pooled while a
+    conversion streams) of ``view``'s shape and dtype; the page cache is left
+    as it was. Where the kernel refuses (no ``O_DIRECT`` on the platform or
+    the file system, no ``mincore``), ``view`` is returned: it reads the same
+    values through the map.
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+    >>> _ = path.write_bytes(np.arange(2**19, dtype=np.float32).tobytes())
+    >>> view = map_file(path)[4:].view(np.float32)
+    >>> np.array_equal(read_direct(view), view)
+    True
+    """
+    if view.nbytes < DIRECT_BYTES or not hasattr(os, "O_DIRECT"):
+        return view
+    found = _mapped_at(view)
+    if found is None or _resident(view):
+        return view
+    f, offset = found
+    start = offset - offset % _ALIGN
+    end = offset + view.nbytes
+    with lined_up(0):  # (Page-aligned, as direct reads want.)
+        buffer = empty_array((-(-(end - start) // _ALIGN) * _ALIGN,), np.dtype(np.uint8))
+    memory = memoryview(buffer)  # type: ignore[arg-type]  # (a uint8 array)
+    try:  # (The same file as the map's, even if its path now names another.)
+        fd = os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return view
+
+    def read(at: int) -> bool:
+        """Bytes ``at..at + _DIRECT_STEP`` of the buffer read; whether all came."""
+        stop = min(at + _DIRECT_STEP, end - start)
+        while at < stop:
+            n = os.preadv(fd, [memory[at : -(-stop // _ALIGN) * _ALIGN]], start + at)
+            if n <= 0:  # The file is shorter than its map.
+                return False
+            at += n
+        return True
+
+    try:
+        steps = range(0, end - start, _DIRECT_STEP)
+        if len(steps) == 1:
+            complete = read(0)
+        else:
+            with ThreadPoolExecutor(min(_DIRECT_CALLS, len(steps))) as pool:
+                complete = all(pool.map(read, steps))
+    except OSError:  # A file system that takes no direct reads.
+        complete = False
+    finally:
+        os.close(fd)
+    if not complete:  # The map reads the same values.
+        return view
+    skip = offset - start
+    return buffer[skip : skip + view.nbytes].view(view.dtype).reshape(view.shape)
+
+
+def _resident(view: np.ndarray) -> bool:
+    """Whether at least half of ``view``'s pages are in the page cache (``mincore``;
+    ``True`` where it cannot say)."""
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:  # (No C library to ask.)
+            _LIBC.append(None)
+    libc = _LIBC[0]
+    if libc is None or not hasattr(libc, "mincore"):
+        return True
+    first = view.ctypes.data - view.ctypes.data % _ALIGN
+    length = -(-(view.ctypes.data + view.nbytes - first) // _ALIGN) * _ALIGN
+    pages = np.zeros(length // _ALIGN, np.uint8)
+    vector = pages.ctypes.data_as(ctypes.c_void_p)
+    if libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(length), vector):
+        return True
+    return 2 * int(np.count_nonzero(pages & 1)) >= pages.size
 
 
 #: Bytes :func:`write_array` writes between two calls of its ``after``.

@@ -25,6 +25,7 @@ import numpy as np
 from jaxshare._alias import AliasMap
 from jaxshare._buffers import lined_up, pooled
 from jaxshare._dtype import cast_to, numpy_dtype
+from jaxshare._mapped import DIRECT_BYTES, read_direct
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._prefetch import Prefetch
 from jaxshare._report import ArrayInfo
@@ -110,12 +111,14 @@ class Plan:
     def array(self, source: TensorSource, entry: PlanEntry) -> np.ndarray:
         """The output array of ``entry``: read from ``source``, cast, transposed
         into a new C-ordered array (or the source's own array where nothing
-        changes); transposed as it is read where the source can."""
+        changes); transposed as it is read where the source can. A large view of
+        a mapped file not in the page cache is read past it first
+        (:func:`~jaxshare._mapped.read_direct`)."""
         if entry.perm is not None and source.infos[entry.source].dtype == entry.info.dtype:
             permuted = source.permuted_array(entry.source, entry.perm)
             if permuted is not None:
                 return self._converted(source, entry, permuted, transposed=True)
-        return self._converted(source, entry, source.array(entry.source))
+        return self._converted(source, entry, read_direct(source.array(entry.source)))
 
     def _converted(
         self, source: TensorSource, entry: PlanEntry, x: np.ndarray, *, transposed: bool = False
@@ -194,14 +197,30 @@ class Plan:
                     progress(done, len(self.entries), entry.name, entry.info.nbytes)
 
     def prefetch(
-        self, source: TensorSource, entries: Sequence[PlanEntry] | None = None
+        self,
+        source: TensorSource,
+        entries: Sequence[PlanEntry] | None = None,
+        *,
+        whole: Sequence[bool] | None = None,
     ) -> Prefetch:
         """Has the kernel read the input of ``entries`` (by default the plan's), in
         order, ahead of a conversion that calls :meth:`Prefetch.reached` as it
-        starts each (see :mod:`jaxshare._prefetch`); closed at the end."""
+        starts each (see :mod:`jaxshare._prefetch`); closed at the end.
+
+        ``whole[i]``: whether the conversion reads entry ``i`` with :meth:`array`
+        (by default every one). Such an entry's input in a mapped file, at least
+        :data:`~jaxshare._mapped.DIRECT_BYTES` of it, is not read ahead: where
+        the page cache lacks it, :meth:`array` reads it past the cache, and
+        reading it into the cache first would read it twice."""
         chosen = self.entries if entries is None else tuple(entries)
+        direct = [
+            source.mapped
+            and source.infos[e.source].nbytes >= DIRECT_BYTES
+            and (whole is None or whole[i])
+            for i, e in enumerate(chosen)
+        ]
         return Prefetch(
-            lambda i: source.extents(chosen[i].source),
+            lambda i: () if direct[i] else source.extents(chosen[i].source),
             [source.infos[e.source].nbytes for e in chosen],
         )
 
@@ -233,7 +252,7 @@ class Plan:
                     read_done[i - 1].wait()
                 x = kept.pop(entry.source, None)
                 if x is None:
-                    x = source.array(entry.source)
+                    x = read_direct(source.array(entry.source))
                 if again[i]:  # (Counted in the next entry's cost, which holds it.)
                     kept[entry.source] = x
             finally:
@@ -275,7 +294,9 @@ class Plan:
         [('k', 'tuple'), ('big', 'BlocksAhead')]
         """
         if source.mapped:
-            with self.prefetch(source) as input_ahead:
+            # (An entry that casts or transposes is read whole: `blocks`.)
+            whole = [not self._as_stored(source, e) for e in self.entries]
+            with self.prefetch(source, whole=whole) as input_ahead:
                 for i, entry in enumerate(self.entries):
                     input_ahead.reached(i)
                     yield entry, self.blocks(source, entry)
@@ -369,7 +390,10 @@ class Plan:
         """The most bytes reading ``entry`` holds at once: its output array, plus
         the source's array while a cast or transpose copies it -- unless that is
         a view of a mapped file, or the source transposes as it reads (an item's
-        chunks, each transposed into place)."""
+        chunks, each transposed into place). (A mapped file's tensor read past the
+        page cache, :meth:`array`, lives only while its reader copies it: one per
+        reading thread. Counted until its output is written, it halved the reads
+        in flight, and a cold 8 GB model took 16-18 s to an item, not 12.)"""
         out = entry.info.nbytes
         if self._as_stored(source, entry) or source.mapped:
             return out

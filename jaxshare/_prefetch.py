@@ -16,7 +16,10 @@ holds.
 ranges its source says it reads (:meth:`jaxshare.stream.TensorSource.extents`),
 at most :data:`WINDOW` bytes of them past the end of the tensor the conversion
 has reached. Pages read ahead are the page cache's, which the kernel reclaims as it
-needs: not the conversion's memory.
+needs: not the conversion's memory. A tensor the conversion reads whole from a
+file the page cache lacks is read past the cache instead
+(:func:`jaxshare._mapped.read_direct`), and its plan gives no ranges for it
+here (:meth:`jaxshare._plan.Plan.prefetch`).
 """
 
 from __future__ import annotations

@@ -556,7 +556,9 @@ def _write_streamed(
         # The arrays' memory, freed, waits for the next of their size (pages resident).
         with (
             pooled(),
-            plan.prefetch(source, [a.entry for a in arrays]) as input_ahead,
+            plan.prefetch(
+                source, [a.entry for a in arrays], whole=[a.stack is None for a in arrays]
+            ) as input_ahead,
             ReadAhead(jobs, _budget(arrays, [cost for cost, _ in jobs])) as ahead,
         ):
 

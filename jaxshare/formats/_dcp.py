@@ -59,7 +59,7 @@ import numpy as np
 
 from jaxshare._alias import AliasMap
 from jaxshare._dtype import itemsize, numpy_dtype
-from jaxshare._mapped import FileRange, map_file
+from jaxshare._mapped import FileRange, map_file, scattered_reads
 from jaxshare._naming import NamingRecord
 from jaxshare._report import ArrayInfo, format_bytes
 from jaxshare._source import Index, TensorSource
@@ -646,8 +646,12 @@ class _FileView(io.RawIOBase):
 def _unpickle_record(data: np.ndarray) -> Any:
     """A ``torch.save`` record (a zip archive) in ``data``, unpickled by the
     restricted unpickler of PyTorch files: tensors are views of ``data``."""
-    # (`_Zip` opens its archive with zipfile, which takes a file object as well as a path.)
-    return _Zip(_FileView(data), data).load({})  # type: ignore[arg-type]
+    # (`_Zip` opens its archive with zipfile, which takes a file object as well as a
+    # path. Its directory, at the record's end, and headers are read page by page: a
+    # record read past the page cache reads its values again, and an 8 GB folder
+    # read 9.65 GB with the kernel's read-around.)
+    with scattered_reads(data):
+        return _Zip(_FileView(data), data).load({})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import threading
 import time
 import weakref
@@ -23,6 +24,7 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
+from jaxshare._mapped import _resident, map_file
 from jaxshare._output import OutputFile
 from jaxshare._plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
@@ -136,6 +138,36 @@ def test_write_item_writes_what_save_writes(
     leaves = flat(streamed)
     assert leaves["params/h/0/empty/kernel"].shape == (4, 0)  # Zero-size, transposed.
     assert leaves["params/steps"].dtype == np.int64 and int(leaves["params/steps"][0]) == 2**40
+
+
+def test_a_cold_input_is_read_past_the_page_cache_into_what_save_writes(
+    tmp_path: Path, assert_bit_exact
+) -> None:
+    """A mapped input the page cache lacks: its large tensors are read past the
+    cache (``read_direct``), and not read ahead into it as well."""
+    rng = np.random.default_rng(1)
+    tensors = {
+        "wte.weight": rng.standard_normal((1024, 512), dtype=np.float32),  # as stored
+        "h.0.attn.weight": rng.standard_normal((768, 512), dtype=np.float32),  # transposed
+        "h.0.mlp.weight": rng.standard_normal((2048, 384)).astype(ml_dtypes.bfloat16),
+        "h.0.ln.weight": np.ones(512, np.float32),  # small: read ahead through the cache
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, path, metadata={"format": "pt"})
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("direct reads (O_DIRECT) are Linux's")
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    with SafetensorsFile(path) as source:
+        plan = bridge.flax_plan(source)
+        jc.write_item(tmp_path / "streamed", plan, source)
+        whole = map_file(path)
+        resident = [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
+        assert not any(resident[:-1])  # (The last MiB holds the small tensor.)
+        jc.save(tmp_path / "saved", Tied(_unique_tree(plan, source), plan.alias_map))
+    assert_bit_exact(jc.restore(tmp_path / "streamed"), jc.restore(tmp_path / "saved"))
 
 
 def test_plain_orbax_restores_the_unique_tree(

@@ -1,4 +1,5 @@
-"""Mapped files: views copied file to file by the kernel, and writers that use them."""
+"""Mapped files: views copied file to file by the kernel, and writers that use them;
+views of a file the page cache lacks read past it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from jaxshare._mapped import _MAPS, copy_view, map_file, scattered_reads
+from jaxshare._buffers import pooled
+from jaxshare._mapped import (
+    _MAPS,
+    DIRECT_BYTES,
+    _resident,
+    copy_view,
+    file_extent,
+    map_file,
+    read_direct,
+    scattered_reads,
+)
 from jaxshare.formats import SafetensorsFile, save_plan
 from jaxshare.stream import Plan
 
@@ -137,13 +150,104 @@ def _flags(address: int) -> list[str]:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc")
 @pytest.mark.parametrize("private", [False, True])
-def test_scattered_reads_turn_the_read_around_off_while_they_last(data, private):
+@pytest.mark.parametrize("start", [0, 100])
+def test_scattered_reads_turn_the_read_around_off_while_they_last(data, private, start):
     mapped = map_file(data, private=private)
     address = mapped.ctypes.data
+    view = mapped[start:][:4000]  # (From 100: a view of a view, as a record in a file.)
     assert "rr" not in _flags(address)
-    with scattered_reads(mapped):
+    with scattered_reads(view):
         assert "rr" in _flags(address)  # VM_RAND_READ: a fault reads its page alone.
-        assert bytes(mapped[256:260]) == bytes(range(4))
+        assert bytes(view[256:260]) == bytes((start + 256 + i) % 256 for i in range(4))
     assert "rr" not in _flags(address)
     with scattered_reads(np.zeros(3)):  # Not a map: nothing to do.
         pass
+
+
+def _dropped(path: Path) -> Path:
+    """``path`` written to the disk and out of the page cache, as a cold input is."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _takes_direct_reads(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except (AttributeError, OSError):  # (No O_DIRECT, or a file system without it.)
+        return False
+    return True
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Path:
+    """A 20 MiB file of numbered 4-byte words; its pages out of the page cache."""
+    path = tmp_path / "big.bin"
+    path.write_bytes(np.arange(5 * 2**20, dtype=np.uint32).tobytes())
+    if not (LINUX and _takes_direct_reads(path)):
+        pytest.skip("direct reads (O_DIRECT) and mincore are Linux's, on a disk's file system")
+    return _dropped(path)
+
+
+@pytest.mark.parametrize(
+    "start, stop, dtype",
+    [
+        (0, 20 * 2**20, "uint32"),  # the whole file, in several reads at once
+        (4100, 4100 + 3 * 2**20, "uint16"),  # from within a page
+        (2, 2 + 2**20 + 6, "bfloat16"),  # an odd tail
+        (20 * 2**20 - 9 * 2**20 - 3, 20 * 2**20, "uint8"),  # up to the file's end
+    ],
+)
+def test_a_view_the_page_cache_lacks_is_read_past_it(big, start, stop, dtype):
+    dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    view = map_file(big)[start:stop].view(dtype)
+    with pooled():
+        values = read_direct(view)
+        assert values is not view and file_extent(values) is None  # The process's own.
+        assert values.dtype == view.dtype and values.shape == view.shape
+        assert not _resident(view)  # The page cache was left as it was.
+        assert values.tobytes() == big.read_bytes()[start:stop]
+
+
+def test_views_in_the_page_cache_small_or_not_of_a_file_are_left_as_they_are(big):
+    mapped = map_file(big)
+    small = mapped[: DIRECT_BYTES - 1]
+    assert read_direct(small) is small  # cold, but small
+    warm = mapped[: 2 * DIRECT_BYTES]
+    _ = big.read_bytes()  # (Into the page cache.)
+    assert read_direct(warm) is warm
+    memory = np.zeros(2 * DIRECT_BYTES, np.uint8)
+    assert read_direct(memory) is memory
+    private = map_file(_dropped(big), private=True)[: 2 * DIRECT_BYTES]
+    assert read_direct(private) is private  # (It may differ from the file.)
+
+
+def test_a_direct_read_reads_the_file_mapped_even_once_its_path_names_another(big):
+    view = map_file(big)[: 2 * DIRECT_BYTES]
+    expected = big.read_bytes()[: 2 * DIRECT_BYTES]
+    big.unlink()
+    big.write_bytes(bytes(4 * DIRECT_BYTES))  # replaced under the same name
+    _dropped(big)
+    assert read_direct(view).tobytes() == expected
+
+
+# (The file is only read: one for every example, dropped from the cache for each.)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    start=st.integers(0, 2 * 2**20),
+    length=st.integers(DIRECT_BYTES, 4 * 2**20),
+    dtype=st.sampled_from(["uint8", "int16", "float32", "bfloat16", "float64"]),
+)
+def test_any_cold_view_reads_the_bytes_it_views(big, start, length, dtype):
+    dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    length -= length % dtype.itemsize
+    view = map_file(_dropped(big))[start : start + length].view(dtype)
+    values = read_direct(view)
+    assert values is not view
+    assert values.tobytes() == view.tobytes()
