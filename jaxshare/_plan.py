@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from mmap import PAGESIZE
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -207,11 +208,13 @@ class Plan:
         order, ahead of a conversion that calls :meth:`Prefetch.reached` as it
         starts each (see :mod:`jaxshare._prefetch`); closed at the end.
 
-        ``whole[i]``: whether the conversion reads entry ``i`` with :meth:`array`
-        (by default every one). Such an entry's input in a mapped file, at least
+        ``whole[i]``: whether the conversion reads entry ``i`` whole, past the page
+        cache where it lacks it (by default every one; not so a layer of a stack,
+        read as slices, or a tensor written from the cache's pages). Such an
+        entry's input in a mapped file, at least
         :data:`~jaxshare._mapped.DIRECT_BYTES` of it, is not read ahead: where
-        the page cache lacks it, :meth:`array` reads it past the cache, and
-        reading it into the cache first would read it twice."""
+        the page cache lacks it, it is read past the cache, and reading it into
+        the cache first would read it twice."""
         chosen = self.entries if entries is None else tuple(entries)
         direct = [
             source.mapped
@@ -294,12 +297,16 @@ class Plan:
         [('k', 'tuple'), ('big', 'BlocksAhead')]
         """
         if source.mapped:
-            # (An entry that casts or transposes is read whole: `blocks`.)
-            whole = [not self._as_stored(source, e) for e in self.entries]
-            with self.prefetch(source, whole=whole) as input_ahead:
+            # A tensor that lies in its file as it lies in the output is written from
+            # the page cache, read ahead into it; any other is read past the cache
+            # where it lacks it (cast, transposed, or as it is): it is copied anyway.
+            lent = [offsets is not None and self._lent(source, e, offsets[e.name])
+                    for e in self.entries]  # fmt: skip
+            with self.prefetch(source, whole=[not x for x in lent]) as input_ahead:
                 for i, entry in enumerate(self.entries):
                     input_ahead.reached(i)
-                    yield entry, self.blocks(source, entry)
+                    made = self.blocks(source, entry)
+                    yield entry, made if lent[i] else map(read_direct, made)
             return
         streamed = dwarfs([e.info.nbytes for e in self.entries])
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
@@ -381,6 +388,14 @@ class Plan:
             return made if at is None else _lined_up_blocks(made, at)
 
         return blocks
+
+    def _lent(self, source: TensorSource, entry: PlanEntry, offset: int) -> bool:
+        """Whether ``entry`` is its source's tensor as stored, in one range of a
+        mapped file that lies as far into a page as ``offset`` (its place in the
+        output) into a block: the output then writes it from the file's pages
+        (:meth:`jaxshare._output.OutputFile.gap`), no copy made."""
+        extents = source.extents(entry.source) if self._as_stored(source, entry) else ()
+        return len(extents) == 1 and (extents[0][1] - offset) % PAGESIZE == 0
 
     def _as_stored(self, source: TensorSource, entry: PlanEntry) -> bool:
         """Whether ``entry`` is its source's tensor as stored (no cast, no transpose)."""

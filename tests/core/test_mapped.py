@@ -100,6 +100,35 @@ def test_an_identity_copy_of_a_safetensors_file_is_byte_identical(tmp_path):
             np.testing.assert_array_equal(copy.array(name), value)
 
 
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_cold_file_copied_as_it_is_is_written_from_its_pages_or_read_past_them(tmp_path, moved):
+    """Tensors written as they lie (no cast, no transpose) from a file the page
+    cache lacks. Where each lies in the output as far into a page as in the input
+    (the same header), the output writes it from the file's pages, read ahead into
+    the cache; where not (a longer header), it is copied anyway, so it is read past
+    the cache. The copy is byte-identical either way."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(2)
+    tensors = {f"w{i}": rng.standard_normal((512, 1024), dtype=np.float32) for i in range(3)}
+    tensors["b"] = rng.standard_normal(3).astype(ml_dtypes.bfloat16)
+    save_file(tensors, tmp_path / "a.safetensors", metadata={"format": "pt"})
+    if not (LINUX and _takes_direct_reads(tmp_path / "a.safetensors")):
+        pytest.skip("direct reads (O_DIRECT) and mincore are Linux's, on a disk's file system")
+    with SafetensorsFile(tmp_path / "a.safetensors") as source:  # (jaxshare's header.)
+        save_plan(tmp_path / "in.safetensors", Plan.identity(source), source)
+    source_path = _dropped(tmp_path / "in.safetensors")
+    with SafetensorsFile(source_path) as source:
+        metadata = {"moved": "by a few bytes"} if moved else None
+        save_plan(tmp_path / "b.safetensors", Plan.identity(source), source, metadata=metadata)
+        mapped = map_file(source_path)
+        cached = [_resident(mapped[i : i + 2**20]) for i in range(0, 6 * 2**20, 2**20)]
+        assert not any(cached) if moved else all(cached)
+    with SafetensorsFile(tmp_path / "b.safetensors") as copy:
+        for name, value in tensors.items():
+            assert copy.array(name).tobytes() == value.tobytes()
+
+
 # The collector frees a map (and runs its finalizer) inside whatever allocates: here,
 # on purpose, exactly while the registry is written (`map_file`) and read (a lookup).
 # A finalizer waiting for a lock its own thread held hung a CI run until its timeout.
