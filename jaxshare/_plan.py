@@ -300,13 +300,32 @@ class Plan:
             # A tensor that lies in its file as it lies in the output is written from
             # the page cache, read ahead into it; any other is read past the cache
             # where it lacks it (cast, transposed, or as it is): it is copied anyway.
+            # Those are read on a thread of their own, from the time the entry before
+            # them is handed out, so the disk reads the next while this one is written.
             lent = [offsets is not None and self._lent(source, e, offsets[e.name])
                     for e in self.entries]  # fmt: skip
+
+            def direct(entry: PlanEntry) -> Iterator[np.ndarray]:
+                yield from map(read_direct, self.blocks(source, entry))
+
+            following: BlocksAhead | None = None  # The next entry's, read ahead.
+            reading: BlocksAhead | None = None  # This entry's; closed once the caller moves on.
             with self.prefetch(source, whole=[not x for x in lent]) as input_ahead:
-                for i, entry in enumerate(self.entries):
-                    input_ahead.reached(i)
-                    made = self.blocks(source, entry)
-                    yield entry, made if lent[i] else map(read_direct, made)
+                try:
+                    for i, entry in enumerate(self.entries):
+                        input_ahead.reached(i)
+                        if reading is not None:
+                            reading.close()
+                        reading, following = following, None
+                        if i + 1 < len(self.entries) and not lent[i + 1]:
+                            following = BlocksAhead(direct(self.entries[i + 1]))
+                        made = self.blocks(source, entry) if lent[i] else reading
+                        yield entry, made if made is not None else direct(entry)
+                        del made
+                finally:
+                    for ahead_blocks in (reading, following):
+                        if ahead_blocks is not None:
+                            ahead_blocks.close()
             return
         streamed = dwarfs([e.info.nbytes for e in self.entries])
         ahead = replace(self, entries=tuple(e for i, e in enumerate(self.entries)
