@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import weakref
@@ -218,7 +219,6 @@ _DIRECT_STEP = 8 * 2**20
 _DIRECT_CALLS = 4
 #: The alignment direct reads keep (offsets, lengths, addresses): a page.
 _ALIGN = mmap.PAGESIZE
-_LIBC: list[ctypes.CDLL | None] = []
 
 
 def read_direct(view: np.ndarray) -> np.ndarray:
@@ -285,15 +285,19 @@ def read_direct(view: np.ndarray) -> np.ndarray:
     return buffer[skip : skip + view.nbytes].view(view.dtype).reshape(view.shape)
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded once; ``None`` where there is none to ask."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _resident(view: np.ndarray) -> bool:
     """Whether at least half of ``view``'s pages are in the page cache (``mincore``;
     ``True`` where it cannot say)."""
-    if not _LIBC:
-        try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:  # (No C library to ask.)
-            _LIBC.append(None)
-    libc = _LIBC[0]
+    libc = _libc()
     if libc is None or not hasattr(libc, "mincore"):
         return True
     first = view.ctypes.data - view.ctypes.data % _ALIGN

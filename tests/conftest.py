@@ -96,6 +96,38 @@ def flat() -> Callable[[Any], dict[str, Any]]:
     return flatten
 
 
+@pytest.fixture(scope="session")
+def drop_cache() -> Callable[[Path], Path]:
+    """``drop_cache(path)``: ``path`` written to the disk and out of the page cache,
+    as a cold input is; returns ``path``. Skips the test where POSIX cannot."""
+
+    def drop(path: Path) -> Path:
+        if not hasattr(os, "posix_fadvise"):
+            pytest.skip("dropping a file from the page cache is POSIX's")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return path
+
+    return drop
+
+
+@pytest.fixture(scope="session")
+def cached_mib() -> Callable[[Path], list[bool]]:
+    """``cached_mib(path)``: for each MiB of the file, whether at least half of its
+    pages are in the page cache."""
+    from jaxshare._mapped import _resident, map_file
+
+    def cached(path: Path) -> list[bool]:
+        whole = map_file(path)
+        return [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
+
+    return cached
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))

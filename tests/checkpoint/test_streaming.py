@@ -24,7 +24,6 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
-from jaxshare._mapped import _resident, map_file
 from jaxshare._output import OutputFile
 from jaxshare._plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
@@ -141,7 +140,7 @@ def test_write_item_writes_what_save_writes(
 
 
 def test_a_cold_input_is_read_past_the_page_cache_into_what_save_writes(
-    tmp_path: Path, assert_bit_exact
+    tmp_path: Path, assert_bit_exact, drop_cache, cached_mib
 ) -> None:
     """A mapped input the page cache lacks: its large tensors are read past the
     cache (``read_direct``), and not read ahead into it as well."""
@@ -156,16 +155,10 @@ def test_a_cold_input_is_read_past_the_page_cache_into_what_save_writes(
     save_file(tensors, path, metadata={"format": "pt"})
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("direct reads (O_DIRECT) are Linux's")
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-    with SafetensorsFile(path) as source:
+    with SafetensorsFile(drop_cache(path)) as source:
         plan = bridge.flax_plan(source)
         jc.write_item(tmp_path / "streamed", plan, source)
-        whole = map_file(path)
-        resident = [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
-        assert not any(resident[:-1])  # (The last MiB holds the small tensor.)
+        assert not any(cached_mib(path)[:-1])  # (The last MiB holds the small tensor.)
         jc.save(tmp_path / "saved", Tied(_unique_tree(plan, source), plan.alias_map))
     assert_bit_exact(jc.restore(tmp_path / "streamed"), jc.restore(tmp_path / "saved"))
 

@@ -101,7 +101,9 @@ def test_an_identity_copy_of_a_safetensors_file_is_byte_identical(tmp_path):
 
 
 @pytest.mark.parametrize("moved", [False, True])
-def test_a_cold_file_copied_as_it_is_is_written_from_its_pages_or_read_past_them(tmp_path, moved):
+def test_a_cold_file_copied_as_it_is_is_written_from_its_pages_or_read_past_them(
+    tmp_path, moved, drop_cache, cached_mib
+):
     """Tensors written as they lie (no cast, no transpose) from a file the page
     cache lacks. Where each lies in the output as far into a page as in the input
     (the same header), the output writes it from the file's pages, read ahead into
@@ -117,12 +119,11 @@ def test_a_cold_file_copied_as_it_is_is_written_from_its_pages_or_read_past_them
         pytest.skip("direct reads (O_DIRECT) and mincore are Linux's, on a disk's file system")
     with SafetensorsFile(tmp_path / "a.safetensors") as source:  # (jaxshare's header.)
         save_plan(tmp_path / "in.safetensors", Plan.identity(source), source)
-    source_path = _dropped(tmp_path / "in.safetensors")
+    source_path = drop_cache(tmp_path / "in.safetensors")
     with SafetensorsFile(source_path) as source:
         metadata = {"moved": "by a few bytes"} if moved else None
         save_plan(tmp_path / "b.safetensors", Plan.identity(source), source, metadata=metadata)
-        mapped = map_file(source_path)
-        cached = [_resident(mapped[i : i + 2**20]) for i in range(0, 6 * 2**20, 2**20)]
+        cached = cached_mib(source_path)[:6]
         assert not any(cached) if moved else all(cached)
     with SafetensorsFile(tmp_path / "b.safetensors") as copy:
         for name, value in tensors.items():
@@ -193,17 +194,6 @@ def test_scattered_reads_turn_the_read_around_off_while_they_last(data, private,
         pass
 
 
-def _dropped(path: Path) -> Path:
-    """``path`` written to the disk and out of the page cache, as a cold input is."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return path
-
-
 def _takes_direct_reads(path: Path) -> bool:
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
@@ -213,13 +203,13 @@ def _takes_direct_reads(path: Path) -> bool:
 
 
 @pytest.fixture
-def big(tmp_path: Path) -> Path:
+def big(tmp_path: Path, drop_cache) -> Path:
     """A 20 MiB file of numbered 4-byte words; its pages out of the page cache."""
     path = tmp_path / "big.bin"
     path.write_bytes(np.arange(5 * 2**20, dtype=np.uint32).tobytes())
     if not (LINUX and _takes_direct_reads(path)):
         pytest.skip("direct reads (O_DIRECT) and mincore are Linux's, on a disk's file system")
-    return _dropped(path)
+    return drop_cache(path)
 
 
 @pytest.mark.parametrize(
@@ -242,7 +232,7 @@ def test_a_view_the_page_cache_lacks_is_read_past_it(big, start, stop, dtype):
         assert values.tobytes() == big.read_bytes()[start:stop]
 
 
-def test_views_in_the_page_cache_small_or_not_of_a_file_are_left_as_they_are(big):
+def test_views_in_the_page_cache_small_or_not_of_a_file_are_left_as_they_are(big, drop_cache):
     mapped = map_file(big)
     small = mapped[: DIRECT_BYTES - 1]
     assert read_direct(small) is small  # cold, but small
@@ -251,16 +241,16 @@ def test_views_in_the_page_cache_small_or_not_of_a_file_are_left_as_they_are(big
     assert read_direct(warm) is warm
     memory = np.zeros(2 * DIRECT_BYTES, np.uint8)
     assert read_direct(memory) is memory
-    private = map_file(_dropped(big), private=True)[: 2 * DIRECT_BYTES]
+    private = map_file(drop_cache(big), private=True)[: 2 * DIRECT_BYTES]
     assert read_direct(private) is private  # (It may differ from the file.)
 
 
-def test_a_direct_read_reads_the_file_mapped_even_once_its_path_names_another(big):
+def test_a_direct_read_reads_the_file_mapped_even_once_its_path_names_another(big, drop_cache):
     view = map_file(big)[: 2 * DIRECT_BYTES]
     expected = big.read_bytes()[: 2 * DIRECT_BYTES]
     big.unlink()
     big.write_bytes(bytes(4 * DIRECT_BYTES))  # replaced under the same name
-    _dropped(big)
+    drop_cache(big)
     assert read_direct(view).tobytes() == expected
 
 
@@ -273,10 +263,10 @@ def test_a_direct_read_reads_the_file_mapped_even_once_its_path_names_another(bi
     length=st.integers(DIRECT_BYTES, 4 * 2**20),
     dtype=st.sampled_from(["uint8", "int16", "float32", "bfloat16", "float64"]),
 )
-def test_any_cold_view_reads_the_bytes_it_views(big, start, length, dtype):
+def test_any_cold_view_reads_the_bytes_it_views(big, drop_cache, start, length, dtype):
     dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
     length -= length % dtype.itemsize
-    view = map_file(_dropped(big))[start : start + length].view(dtype)
+    view = map_file(drop_cache(big))[start : start + length].view(dtype)
     values = read_direct(view)
     assert values is not view
     assert values.tobytes() == view.tobytes()

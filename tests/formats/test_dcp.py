@@ -598,26 +598,18 @@ def test_the_reader_needs_neither_torch_nor_jax():
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-def test_a_cold_records_archive_is_read_page_by_page(tmp_path):
+def test_a_cold_records_archive_is_read_page_by_page(tmp_path, drop_cache, cached_mib):
     """A record (a torch.save archive) of a folder the page cache lacks: its
     directory and headers are read page by page, not with the kernel's 8 MiB
     read-around, so that a tensor then read past the cache is not read twice."""
     import torch.distributed.checkpoint as dcp
 
-    from jaxshare._mapped import _resident, map_file
-
-    if not hasattr(os, "posix_fadvise"):
-        pytest.skip("dropping a file from the page cache is POSIX's")
     state = {"w": torch.arange(6 * 2**20, dtype=torch.float32).reshape(3 * 2**10, 2**11)}
     dcp.save(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)
     (data,) = (tmp_path / "ckpt").glob("*.distcp")
-    fd = os.open(data, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    drop_cache(data)
     with DCPFolder(tmp_path / "ckpt") as f:
         assert f.array("w").shape == (3 * 2**10, 2**11)  # (A view: no values read.)
-        whole = map_file(data)
-        resident = [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
+        resident = cached_mib(data)
         assert not any(resident[1:-1]), resident  # (Beyond the archive's head and tail.)
         assert np.array_equal(f.array("w"), state["w"].numpy())
