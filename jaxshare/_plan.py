@@ -26,7 +26,7 @@ import numpy as np
 from jaxshare._alias import AliasMap
 from jaxshare._buffers import lined_up, pooled
 from jaxshare._dtype import cast_to, numpy_dtype
-from jaxshare._mapped import DIRECT_BYTES, read_direct
+from jaxshare._mapped import DIRECT_BYTES, FileRange, read_direct
 from jaxshare._perm import Perm, contiguous_transpose, permute_shape
 from jaxshare._prefetch import Prefetch
 from jaxshare._report import ArrayInfo
@@ -39,6 +39,7 @@ __all__ = [
     "PlannedSource",
     "ReadAhead",
     "SharedRead",
+    "beside_values",
     "dwarfs",
 ]
 
@@ -214,7 +215,9 @@ class Plan:
         entry's input in a mapped file, at least
         :data:`~jaxshare._mapped.DIRECT_BYTES` of it, is not read ahead: where
         the page cache lacks it, it is read past the cache, and reading it into
-        the cache first would read it twice."""
+        the cache first would read it twice. Only the bytes its ranges hold
+        beyond its values are (:func:`beside_values`): a record's headers (a DCP
+        ``torch.save`` record), which finding the values reads page by page."""
         chosen = self.entries if entries is None else tuple(entries)
         direct = [
             source.mapped
@@ -222,10 +225,13 @@ class Plan:
             and (whole is None or whole[i])
             for i, e in enumerate(chosen)
         ]
-        return Prefetch(
-            lambda i: () if direct[i] else source.extents(chosen[i].source),
-            [source.infos[e.source].nbytes for e in chosen],
-        )
+
+        def ranges(i: int) -> Sequence[FileRange]:
+            name = chosen[i].source
+            extents = source.extents(name)
+            return beside_values(extents, source.infos[name].nbytes) if direct[i] else extents
+
+        return Prefetch(ranges, [source.infos[e.source].nbytes for e in chosen])
 
     def _read_ahead(
         self, source: TensorSource, offsets: Mapping[str, int] | None = None
@@ -542,6 +548,31 @@ def dwarfs(sizes: Sequence[int]) -> set[int]:
         return set()
     fourth = sorted(sizes, reverse=True)[min(3, len(sizes) - 1)]
     return {i for i, n in enumerate(sizes) if n > 2 * fourth}
+
+
+def beside_values(extents: Sequence[FileRange], nbytes: int) -> list[FileRange]:
+    """The bytes at either end of ``extents`` that hold something beside a
+    tensor's ``nbytes`` of values: as many at each end of each range as the
+    ranges hold beyond the values (a record's headers before them and its
+    directory after them, wherever they split); none where the ranges are the
+    values alone.
+
+    >>> beside_values([("f", 4096, 1000)], 1000)
+    []
+    >>> beside_values([("f", 4096, 1200)], 1000)
+    [('f', 4096, 200), ('f', 5096, 200)]
+    """
+    extra = sum(n for _, _, n in extents) - nbytes
+    if extra <= 0:
+        return []
+    out: list[FileRange] = []
+    for path, offset, length in extents:
+        n = min(extra, length)
+        if n == length:
+            out += [(path, offset, n)] if n else []
+        else:
+            out += [(path, offset, n), (path, offset + length - n, n)]
+    return out
 
 
 def _made_at(offset: int | None, make: Callable[[], T]) -> T:

@@ -18,8 +18,9 @@ at most :data:`WINDOW` bytes of them past the end of the tensor the conversion
 has reached. Pages read ahead are the page cache's, which the kernel reclaims as it
 needs: not the conversion's memory. A tensor the conversion reads whole from a
 file the page cache lacks is read past the cache instead
-(:func:`jaxshare._mapped.read_direct`), and its plan gives no ranges for it
-here (:meth:`jaxshare._plan.Plan.prefetch`).
+(:func:`jaxshare._mapped.read_direct`), and its plan gives only the ranges
+beside its values here, which finding them reads page by page (a DCP record's
+headers; :meth:`jaxshare._plan.Plan.prefetch`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ tensors lie (``extents``) names exactly their bytes."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -158,3 +159,32 @@ def test_a_deepspeed_folder_names_each_pieces_bytes(name: str) -> None:
                 assert _bytes_at(extents) == b"".join(p.tobytes() for p in pieces), tensor
                 compared += 1
     assert compared
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    head=st.integers(0, 40),
+    values=st.integers(0, 200),
+    tail=st.integers(0, 40),
+    cuts=st.lists(st.integers(1, 279), max_size=3),
+)
+def test_the_bytes_read_ahead_beside_the_values_cover_what_lies_beside_the_values(
+    head, values, tail, cuts
+):
+    # A record of `head` bytes, the values, then `tail` bytes, in ranges cut anywhere
+    # (one file, at 1000): `beside_values` covers its head and tail, within the ranges, and
+    # at most twice what lies beside the values in each range.
+    from jaxshare._plan import beside_values
+
+    total = head + values + tail
+    bounds = sorted({0, total, *(c for c in cuts if c < total)})
+    extents = [("f", 1000 + a, b - a) for a, b in itertools.pairwise(bounds)]
+    read = beside_values(extents, values)
+    covered = np.zeros(total, bool)
+    for path, offset, length in read:
+        assert path == "f" and length > 0
+        assert any(o <= offset and offset + length <= o + n for _, o, n in extents)
+        covered[offset - 1000 : offset - 1000 + length] = True
+    assert covered[:head].all() and covered[head + values :].all()
+    assert sum(n for *_, n in read) <= 2 * (head + tail) * len(extents)
+    assert read or head + tail == 0

@@ -613,3 +613,45 @@ def test_a_cold_records_archive_is_read_page_by_page(tmp_path, drop_cache, cache
         resident = cached_mib(data)
         assert not any(resident[1:-1]), resident  # (Beyond the archive's head and tail.)
         assert np.array_equal(f.array("w"), state["w"].numpy())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(tmp_path, drop_cache, cached_mib):
+    """A conversion reads each large tensor of a cold folder past the page cache;
+    its record's headers and directory, which finding the values reads page by
+    page, are read ahead into the cache, and nothing of the values is."""
+    import torch.distributed.checkpoint as dcp
+
+    from jaxshare._mapped import _resident, file_extent, map_file
+    from jaxshare._plan import Plan
+
+    state = {
+        "a": torch.arange(2**20, dtype=torch.float32).reshape(2**10, 2**10),
+        "b": torch.ones(3 * 2**18, dtype=torch.bfloat16),
+    }
+    dcp.save(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    (data,) = (tmp_path / "ckpt").glob("*.distcp")
+    with DCPFolder(tmp_path / "ckpt") as f:
+        plan = Plan.identity(f)
+        values = {
+            name: file_extent(f.array(name))[1:]  # type: ignore[index]
+            for name in f.infos
+        }
+        drop_cache(data)
+        with plan.prefetch(f) as ahead:
+            ahead.reached(len(plan.entries) - 1)
+            ahead._thread.join(timeout=30)
+            ranges = [ahead._extents(i) for i in range(len(plan.entries))]
+        whole = map_file(data)
+        for entry, read in zip(plan.entries, ranges, strict=True):
+            ((_, start, length),) = f.extents(entry.source)
+            at, n = values[entry.source]
+            # The bytes around the values, and no more than twice as many.
+            covered = np.zeros(length, bool)
+            for _, offset, size in read:
+                covered[offset - start : offset - start + size] = True
+            assert covered[: at - start].all() and covered[at + n - start :].all(), entry
+            assert sum(size for *_, size in read) <= 2 * (length - n)
+            for _, offset, size in read:
+                assert _resident(whole[offset : offset + size]), (entry, offset, size)
+        assert not any(cached_mib(data)[1:-1])  # (The values, read past the cache.)
