@@ -50,6 +50,7 @@ from jaxshare.internal import (
     UnstackedSource,
     atomic_output,
     compose,
+    data_offsets,
     float_dtype,
     is_floating,
     is_nnx_module,
@@ -511,26 +512,36 @@ def _write(
     hashes: dict[str, ManifestEntry] = {}
     total = sum(len(s) for s in shards)
     done = 0
+    files = []  # Each shard's specs and metadata.
+    for shard in shards:
+        here = {e.name for e in shard}
+        mine = {a: c for a, c in amap.items() if c in here}
+        shard_map = AliasMap(
+            mine,
+            transforms={a: p for a, p in amap.transforms.items() if a in mine},
+            naming=amap.naming,
+        )
+        specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in shard]
+        files.append((specs, {"format": "pt", **tie_metadata(shard_map)}))
     # In the shards' order; a source that is not mapped (an Orbax item) is read ahead
-    # on threads while the tensor before is written.
+    # on threads while the tensor before is written, each array made to line up with
+    # its place in its shard, which writes it without a copy (`kept`).
+    offsets = {
+        k: v
+        for specs, meta in files
+        for k, v in data_offsets(specs, meta, manifest=manifest).items()
+    }
     ordered = dataclasses.replace(plan, entries=tuple(e for shard in shards for e in shard))
-    outputs = ordered.outputs(source)
+    outputs = ordered.outputs(source, offsets)
     with (
         contextlib.closing(outputs),  # Its threads end with the write.
         atomic_output(dst, HF_DIRECTORY, force=force, inputs=inputs) as tmp,
     ):
         tmp.mkdir()
-        for shard, name in zip(shards, names, strict=True):
-            here = {e.name for e in shard}
-            mine = {a: c for a, c in amap.items() if c in here}
-            shard_map = AliasMap(
-                mine,
-                transforms={a: p for a, p in amap.transforms.items() if a in mine},
-                naming=amap.naming,
-            )
-            metadata = {"format": "pt", **tie_metadata(shard_map)}
-            specs = [TensorSpec(e.name, e.info.shape, numpy_dtype(e.info.dtype)) for e in shard]
-            with write_safetensors(tmp / name, specs, metadata, manifest=manifest) as write:
+        for shard, name, (specs, metadata) in zip(shards, names, files, strict=True):
+            with write_safetensors(
+                tmp / name, specs, metadata, manifest=manifest, kept=True
+            ) as write:
                 for entry in shard:
                     _, blocks = next(outputs)
                     digest = write(blocks)

@@ -82,6 +82,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats._pytorch import state_dict_in as state_dict_in
     from jaxshare.formats._pytorch import state_dict_ties as state_dict_ties
     from jaxshare.formats._safetensors import SAFETENSORS as SAFETENSORS
+    from jaxshare.formats._safetensors import data_offsets as data_offsets
     from jaxshare.formats._safetensors import tie_metadata as tie_metadata
     from jaxshare.formats._safetensors import write_plan as write_plan
 
@@ -136,6 +137,11 @@ __getattr__, __dir__, __all__ = _exports(
             "state_dict_in",
             "state_dict_ties",
         ],
-        "jaxshare.formats._safetensors": ["SAFETENSORS", "tie_metadata", "write_plan"],
+        "jaxshare.formats._safetensors": [
+            "SAFETENSORS",
+            "data_offsets",
+            "tie_metadata",
+            "write_plan",
+        ],
     },
 )

@@ -128,6 +128,23 @@ def cached_mib() -> Callable[[Path], list[bool]]:
     return cached
 
 
+@pytest.fixture
+def copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the bytes copied into an ``OutputFile`` s staging buffers (not
+    written from where they lie), as they are."""
+    from jaxshare._output import OutputFile
+
+    sizes: list[int] = []
+    real = OutputFile._append
+
+    def append(self: OutputFile, view: memoryview) -> None:
+        sizes.append(view.nbytes)
+        real(self, view)
+
+    monkeypatch.setattr(OutputFile, "_append", append)
+    return sizes
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))

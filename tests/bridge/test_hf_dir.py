@@ -360,6 +360,35 @@ def test_shards_from_an_item_read_ahead_hold_what_the_directory_holds(dirs, mode
     assert_loads_as(ahead, models["gpt2"], "gpt2")
 
 
+@pytest.mark.parametrize("shard", [None, "3MB"])
+def test_an_items_tensors_are_made_where_the_directory_writes_them(tmp_path, copied, shard):
+    """Each array read ahead from an item (decoded, transposed) is made to line up
+    with its place in its shard, which writes it without a copy: only the headers,
+    the arrays' partial first and last blocks, and the small tensors are copied."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=600, hidden_size=512, intermediate_size=640, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf")
+    bridge.convert(tmp_path / "hf", tmp_path / "item")
+    copied.clear()
+    out = bridge.save_hf(tmp_path / "out", tmp_path / "item", max_shard_size=shard)
+    files = sorted(out.glob("*.safetensors"))
+    assert (len(files) > 2) == (shard is not None)
+    small = sum(
+        e.end - e.begin
+        for f in files
+        for e in read_header(f).tensors.values()
+        if e.end - e.begin < 2**20
+    )
+    headers = sum(read_header(f).data_start for f in files)
+    assert sum(copied) < headers + small + len(files) * 2**16, copied
+    assert_loads_as(out, model, "llama")
+
+
 def test_an_alias_the_config_does_not_tie_is_written_out(tmp_path):
     model = build("llama_untied")
     with torch.no_grad():

@@ -24,7 +24,6 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
-from jaxshare._output import OutputFile
 from jaxshare._plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
@@ -93,21 +92,6 @@ class CountingSource(TensorSource):
     def _freed(self, nbytes: int) -> None:
         with self._lock:
             self.alive -= nbytes
-
-
-@pytest.fixture
-def copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the bytes copied into an ``OutputFile`` s staging buffers (not
-    written from where they lie), as they are."""
-    sizes: list[int] = []
-    real = OutputFile._append
-
-    def append(self: OutputFile, view: memoryview) -> None:
-        sizes.append(view.nbytes)
-        real(self, view)
-
-    monkeypatch.setattr(OutputFile, "_append", append)
-    return sizes
 
 
 def _many(n: int = 12, rows: int = 256) -> dict[str, tuple[int, ...]]:
