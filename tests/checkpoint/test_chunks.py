@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -229,3 +230,35 @@ def test_an_index_naming_a_file_outside_the_item_is_refused(tmp_path):
     (item / "manifest.ocdbt").write_bytes(manifest)
     with pytest.raises(ValueError, match=r"names a file outside it, '\.\./secret'"):
         ChunkStore(item, use_ocdbt=True).get("w/0")
+
+
+@pytest.mark.parametrize("zarr3", [False, True], ids=["zarr2", "zarr3"])
+def test_a_cold_items_large_frames_are_read_past_the_page_cache(
+    tmp_path, zarr3, drop_cache, cached_mib
+):
+    """A zstd frame of a MiB or more that the page cache lacks is read past it
+    (``read_direct``) and decoded from there, bit for bit, leaving the cache as it
+    was; a warm one is decoded where it lies."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("direct reads (O_DIRECT) are Linux's")
+    rng = np.random.default_rng(3)
+    arrays = {
+        "w": rng.standard_normal((1024, 768), dtype=np.float32),  # 3 MiB, barely compressed
+        "b": rng.standard_normal((700, 512)).astype(ml_dtypes.bfloat16),
+    }
+    reader = _plain(tmp_path / "item", arrays, zarr3=zarr3)
+    files = [p for p in (tmp_path / "item").rglob("*") if p.is_file() and p.stat().st_size > 2**20]
+    assert files  # (The OCDBT data file.)
+    for path in files:
+        drop_cache(path)
+    got = {name: reader.read(name) for name in arrays}
+    got_t = {name: reader.read_permuted(name, (1, 0)) for name in arrays}
+    for path in files:
+        assert not any(cached_mib(path)[:-1]), path  # (The last MiB: the index.)
+    for name, array in arrays.items():
+        _same(got[name], array)
+        _same(got_t[name], array.T.copy())
+    for path in files:  # Warm: decoded where it lies, in the page cache.
+        path.read_bytes()
+    for name, array in arrays.items():
+        _same(reader.read(name), array)

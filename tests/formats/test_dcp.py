@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -652,6 +653,9 @@ def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(tmp_path, drop
                 covered[offset - start : offset - start + size] = True
             assert covered[: at - start].all() and covered[at + n - start :].all(), entry
             assert sum(size for *_, size in read) <= 2 * (length - n)
-            for _, offset, size in read:
-                assert _resident(whole[offset : offset + size]), (entry, offset, size)
+            for _, offset, size in read:  # (Asked for: read by the disk in a moment.)
+                deadline = time.monotonic() + 10
+                while not _resident(whole[offset : offset + size]):
+                    assert time.monotonic() < deadline, (entry, offset, size)
+                    time.sleep(0.01)
         assert not any(cached_mib(data)[1:-1])  # (The values, read past the cache.)
