@@ -567,11 +567,11 @@ def beside_values(extents: Sequence[FileRange], nbytes: int) -> list[FileRange]:
         return []
     out: list[FileRange] = []
     for path, offset, length in extents:
-        n = min(extra, length)
-        if n == length:
-            out += [(path, offset, n)] if n else []
-        else:
-            out += [(path, offset, n), (path, offset + length - n, n)]
+        n = min(extra, length)  # (0 only for an empty range.)
+        if n:
+            out.append((path, offset, n))
+        if n < length:
+            out.append((path, offset + length - n, n))
     return out
 
 

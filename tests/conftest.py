@@ -102,13 +102,11 @@ def drop_cache() -> Callable[[Path], Path]:
     """``drop_cache(path)``: ``path`` written to the disk and out of the page cache,
     as a cold input is; returns ``path``. Skips the test where POSIX cannot."""
 
-    from jaxshare._mapped import _resident, map_file
-
     def drop(path: Path) -> Path:
         if not hasattr(os, "posix_fadvise"):
             pytest.skip("dropping a file from the page cache is POSIX's")
-        # (Pages the kernel has not yet settled, as a file just written by another
-        # process's threads, can outlast one call: asked again until none is left.)
+        # (A page can outlast one call, as one read back in meanwhile: asked again
+        # until none is left.)
         for _ in range(200):
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -116,8 +114,7 @@ def drop_cache() -> Callable[[Path], Path]:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            whole = map_file(path)
-            if not any(_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)):
+            if not any(_cached_mib(path)):
                 return path
             time.sleep(0.01)
         pytest.skip(f"{path}: the kernel keeps it in the page cache")
@@ -129,13 +126,14 @@ def drop_cache() -> Callable[[Path], Path]:
 def cached_mib() -> Callable[[Path], list[bool]]:
     """``cached_mib(path)``: for each MiB of the file, whether at least half of its
     pages are in the page cache."""
+    return _cached_mib
+
+
+def _cached_mib(path: Path) -> list[bool]:
     from jaxshare._mapped import _resident, map_file
 
-    def cached(path: Path) -> list[bool]:
-        whole = map_file(path)
-        return [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
-
-    return cached
+    whole = map_file(path)
+    return [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
 
 
 @pytest.fixture
