@@ -244,7 +244,7 @@ def test_a_cold_items_large_frames_are_read_past_the_page_cache(
     rng = np.random.default_rng(3)
     arrays = {
         "w": rng.standard_normal((1024, 768), dtype=np.float32),  # 3 MiB, barely compressed
-        "b": rng.standard_normal((700, 512)).astype(ml_dtypes.bfloat16),
+        "b": rng.standard_normal((2048, 512)).astype(ml_dtypes.bfloat16),  # 2 MiB
     }
     reader = _plain(tmp_path / "item", arrays, zarr3=zarr3)
     files = [p for p in (tmp_path / "item").rglob("*") if p.is_file() and p.stat().st_size > 2**20]
