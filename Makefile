@@ -65,11 +65,11 @@ optim-fixtures: $(BENCH_VENV)/.installed-stamp
 flax-fixtures: $(BENCH_VENV)/.installed-stamp
 	HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python tests/data/transformers_flax/make_fixtures.py
 
-# bridge/_hf_table.json: the ties, layer kinds and tensor order of transformers' model
+# bridge/hf/table.json: the ties, layer kinds and tensor order of transformers' model
 # classes, each built on the meta device, so reading a directory imports neither
 # transformers nor torch (tests/bridge/test_hf_table.py checks it against them).
 hf-table: $(STAMP)
-	$(BIN)/python -m bridge._hf_meta
+	$(BIN)/python -m bridge.hf.meta
 
 # MaxText-layout items of tiny Llama, Mistral and Gemma models, by MaxText's mapping.
 maxtext-fixtures: $(STAMP)

@@ -244,10 +244,10 @@ def child(op: str, *rest: str) -> None:
         print(json.dumps({"work_s": t2 - t0, "load_file_s": t1 - t0, "dcp_save_s": t2 - t1}))
     elif op == "ours":
         import bridge
-        import bridge._convert  # noqa: F401 -- the route's modules: imported untimed,
-        import jaxshare.formats._dcp  # noqa: F401 -- as the peer's are
-        import jaxshare.formats._dcp_write  # noqa: F401
-        import jaxshare.formats._safetensors  # noqa: F401
+        import bridge.commands.convert  # noqa: F401 -- the route's modules: imported untimed,
+        import jaxshare.formats.dcp.reader  # noqa: F401 -- as the peer's are
+        import jaxshare.formats.dcp.writer  # noqa: F401
+        import jaxshare.formats.safetensors  # noqa: F401
 
         src, dst, fmt = rest
         start = time.perf_counter()

@@ -324,7 +324,7 @@ def compute_child(shapes_json: str) -> None:
             best = min(best, time.perf_counter() - start)
         return best
 
-    from jaxshare._perm import contiguous_transpose
+    from jaxshare.io.transpose import contiguous_transpose
 
     hot = {s: np.zeros(s[::-1], np.float32) for s in set(shapes)}  # Buffers kept hot.
 

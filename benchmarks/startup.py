@@ -9,7 +9,7 @@ Each command runs in a fresh process, the runs interleaved, and the median of
 - ``jaxshare inspect HF_DIR``, a GPT-2 directory (``config.json`` + ``model.safetensors``,
   the head tied by the config), with transformers and torch importable, as a user
   with the ``hf`` extra runs it (goal: <= 1 s: the ties come from the table generated
-  from transformers, ``bridge/_hf_table.json``, and neither is imported);
+  from transformers, ``bridge/hf/table.json``, and neither is imported);
 - the peer: ``python -c "import safetensors; read the header"``, what a user runs to
   look into a file, and ``python -c pass``, the interpreter alone.
 

@@ -16,76 +16,76 @@ import typing as _typing
 from jaxshare.internal import exports as _exports
 
 if _typing.TYPE_CHECKING:
-    from bridge._check import CheckReport as CheckReport
-    from bridge._check import Finding as Finding
-    from bridge._check import check as check
-    from bridge._convert import convert as convert
-    from bridge._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
-    from bridge._deepspeed import load_deepspeed as load_deepspeed
-    from bridge._flax_placement import FlaxPlan as FlaxPlan
-    from bridge._flax_placement import flax_plan as flax_plan
-    from bridge._hf_dir import HFDirectory as HFDirectory
-    from bridge._hf_save import save_hf as save_hf
-    from bridge._inspect import inspect as inspect
-    from bridge._layouts import LAYOUTS as LAYOUTS
-    from bridge._layouts import Layout as Layout
-    from bridge._layouts import detect_layout as detect_layout
-    from bridge._open import open_source as open_source
-    from bridge._optax import optax_for as optax_for
-    from bridge._optax import to_optax as to_optax
-    from bridge._optax_torch import from_optax as from_optax
-    from bridge._outputs import FORMATS as FORMATS
-    from bridge._outputs import NAMES as NAMES
-    from bridge._rules import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
-    from bridge._rules import DEFAULT_LAYERS as DEFAULT_LAYERS
-    from bridge._rules import DEFAULT_RULES as DEFAULT_RULES
-    from bridge._rules import Rule as Rule
-    from bridge._rules import Rules as Rules
-    from bridge._safetensors import load_safetensors as load_safetensors
-    from bridge._safetensors import save_safetensors as save_safetensors
-    from bridge._shared import shared_params as shared_params
-    from bridge._to_flax import flax_alias_map as flax_alias_map
-    from bridge._to_flax import to_flax as to_flax
-    from bridge._to_torch import to_torch as to_torch
-    from bridge._torch_naming import TorchPlan as TorchPlan
-    from bridge._torch_naming import torch_alias_map as torch_alias_map
-    from bridge._torch_naming import torch_plan as torch_plan
-    from bridge._torchfile import load_torch as load_torch
-    from bridge._torchfile import save_torch as save_torch
-    from bridge._verify import VerifyFinding as VerifyFinding
-    from bridge._verify import VerifyReport as VerifyReport
-    from bridge._verify import verify as verify
+    from bridge.commands.check import CheckReport as CheckReport
+    from bridge.commands.check import Finding as Finding
+    from bridge.commands.check import check as check
+    from bridge.commands.convert import convert as convert
+    from bridge.torch.deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from bridge.torch.deepspeed import load_deepspeed as load_deepspeed
+    from bridge.naming.flax_placement import FlaxPlan as FlaxPlan
+    from bridge.naming.flax_placement import flax_plan as flax_plan
+    from bridge.hf.directory import HFDirectory as HFDirectory
+    from bridge.commands.save_hf import save_hf as save_hf
+    from bridge.commands.inspect import inspect as inspect
+    from bridge.layouts.layout import LAYOUTS as LAYOUTS
+    from bridge.layouts.layout import Layout as Layout
+    from bridge.layouts.layout import detect_layout as detect_layout
+    from bridge.sources.registry import open_source as open_source
+    from bridge.training.optax import optax_for as optax_for
+    from bridge.training.optax import to_optax as to_optax
+    from bridge.training.from_optax import from_optax as from_optax
+    from bridge.commands.outputs import FORMATS as FORMATS
+    from bridge.commands.outputs import NAMES as NAMES
+    from bridge.layouts.rules import DEFAULT_LAYER_NAMES as DEFAULT_LAYER_NAMES
+    from bridge.layouts.rules import DEFAULT_LAYERS as DEFAULT_LAYERS
+    from bridge.layouts.rules import DEFAULT_RULES as DEFAULT_RULES
+    from bridge.layouts.rules import Rule as Rule
+    from bridge.layouts.rules import Rules as Rules
+    from bridge.torch.safetensors import load_safetensors as load_safetensors
+    from bridge.torch.safetensors import save_safetensors as save_safetensors
+    from bridge.torch.shared import shared_params as shared_params
+    from bridge.naming.to_flax import flax_alias_map as flax_alias_map
+    from bridge.naming.to_flax import to_flax as to_flax
+    from bridge.naming.to_torch import to_torch as to_torch
+    from bridge.naming.torch_naming import TorchPlan as TorchPlan
+    from bridge.naming.torch_naming import torch_alias_map as torch_alias_map
+    from bridge.naming.torch_naming import torch_plan as torch_plan
+    from bridge.torch.torch_file import load_torch as load_torch
+    from bridge.torch.torch_file import save_torch as save_torch
+    from bridge.commands.verify import VerifyFinding as VerifyFinding
+    from bridge.commands.verify import VerifyReport as VerifyReport
+    from bridge.commands.verify import verify as verify
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
         # Torch-free: files, plans, naming.
-        "bridge._check": ["CheckReport", "Finding", "check"],
-        "bridge._convert": ["convert"],
-        "bridge._flax_placement": ["FlaxPlan", "flax_plan"],
-        "bridge._hf_dir": ["HFDirectory"],
-        "bridge._hf_save": ["save_hf"],
-        "bridge._inspect": ["inspect"],
-        "bridge._layouts": ["LAYOUTS", "Layout", "detect_layout"],
-        "bridge._open": ["open_source"],
-        "bridge._optax": ["optax_for", "to_optax"],
-        "bridge._outputs": ["FORMATS", "NAMES"],
-        "bridge._rules": [
+        "bridge.commands.check": ["CheckReport", "Finding", "check"],
+        "bridge.commands.convert": ["convert"],
+        "bridge.naming.flax_placement": ["FlaxPlan", "flax_plan"],
+        "bridge.hf.directory": ["HFDirectory"],
+        "bridge.commands.save_hf": ["save_hf"],
+        "bridge.commands.inspect": ["inspect"],
+        "bridge.layouts.layout": ["LAYOUTS", "Layout", "detect_layout"],
+        "bridge.sources.registry": ["open_source"],
+        "bridge.training.optax": ["optax_for", "to_optax"],
+        "bridge.commands.outputs": ["FORMATS", "NAMES"],
+        "bridge.layouts.rules": [
             "DEFAULT_LAYERS",
             "DEFAULT_LAYER_NAMES",
             "DEFAULT_RULES",
             "Rule",
             "Rules",
         ],
-        "bridge._to_flax": ["flax_alias_map", "to_flax"],
-        "bridge._torch_naming": ["TorchPlan", "torch_alias_map", "torch_plan"],
-        "bridge._verify": ["VerifyFinding", "VerifyReport", "verify"],
+        "bridge.naming.to_flax": ["flax_alias_map", "to_flax"],
+        "bridge.naming.torch_naming": ["TorchPlan", "torch_alias_map", "torch_plan"],
+        "bridge.commands.verify": ["VerifyFinding", "VerifyReport", "verify"],
         # torch: tensors and modules in and out.
-        "bridge._deepspeed": ["DeepSpeedCheckpoint", "load_deepspeed"],
-        "bridge._optax_torch": ["from_optax"],
-        "bridge._safetensors": ["load_safetensors", "save_safetensors"],
-        "bridge._shared": ["shared_params"],
-        "bridge._to_torch": ["to_torch"],
-        "bridge._torchfile": ["load_torch", "save_torch"],
+        "bridge.torch.deepspeed": ["DeepSpeedCheckpoint", "load_deepspeed"],
+        "bridge.training.from_optax": ["from_optax"],
+        "bridge.torch.safetensors": ["load_safetensors", "save_safetensors"],
+        "bridge.torch.shared": ["shared_params"],
+        "bridge.naming.to_torch": ["to_torch"],
+        "bridge.torch.torch_file": ["load_torch", "save_torch"],
     },
 )

@@ -17,23 +17,23 @@ if _typing.TYPE_CHECKING:
     from jaxshare import checkpoint as checkpoint
     from jaxshare import formats as formats
     from jaxshare import stream as stream
-    from jaxshare._alias import AliasMap as AliasMap
-    from jaxshare._find import find_shared as find_shared
-    from jaxshare._naming import Naming as Naming
-    from jaxshare._naming import NamingRecord as NamingRecord
-    from jaxshare._tie import dedupe as dedupe
-    from jaxshare._tie import retie as retie
-    from jaxshare._tied import Tied as Tied
-    from jaxshare._tied import tie as tie
+    from jaxshare.core.alias import AliasMap as AliasMap
+    from jaxshare.core.find import find_shared as find_shared
+    from jaxshare.core.naming import Naming as Naming
+    from jaxshare.core.naming import NamingRecord as NamingRecord
+    from jaxshare.core.tie import dedupe as dedupe
+    from jaxshare.core.tie import retie as retie
+    from jaxshare.core.tied import Tied as Tied
+    from jaxshare.core.tied import tie as tie
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare._alias": ["AliasMap"],
-        "jaxshare._find": ["find_shared"],
-        "jaxshare._naming": ["Naming", "NamingRecord"],
-        "jaxshare._tie": ["dedupe", "retie"],
-        "jaxshare._tied": ["Tied", "tie"],
+        "jaxshare.core.alias": ["AliasMap"],
+        "jaxshare.core.find": ["find_shared"],
+        "jaxshare.core.naming": ["Naming", "NamingRecord"],
+        "jaxshare.core.tie": ["dedupe", "retie"],
+        "jaxshare.core.tied": ["Tied", "tie"],
         "jaxshare._version": ["__version__"],
     },
     submodules=["checkpoint", "formats", "stream"],

@@ -46,7 +46,7 @@ def exports(
       moved: ``{old name: module that now exports it}``: names that work from
         here with a ``DeprecationWarning``; not in ``__all__``.
 
-    >>> getattr_, dir_, all_ = exports("jaxshare", {"jaxshare._alias": ["AliasMap"]})
+    >>> getattr_, dir_, all_ = exports("jaxshare", {"jaxshare.core.alias": ["AliasMap"]})
     >>> getattr_("AliasMap").__name__, all_
     ('AliasMap', ['AliasMap'])
     """

@@ -18,20 +18,20 @@ import typing as _typing
 from jaxshare._lazy import exports as _exports
 
 if _typing.TYPE_CHECKING:
-    from jaxshare._plan import Plan as Plan
-    from jaxshare._plan import PlanEntry as PlanEntry
-    from jaxshare._plan import ReadAhead as ReadAhead
-    from jaxshare._progress import ProgressFn as ProgressFn
-    from jaxshare._report import ArrayInfo as ArrayInfo
-    from jaxshare._report import TieReport as TieReport
-    from jaxshare._source import TensorSource as TensorSource
+    from jaxshare.core.progress import ProgressFn as ProgressFn
+    from jaxshare.core.report import ArrayInfo as ArrayInfo
+    from jaxshare.core.report import TieReport as TieReport
+    from jaxshare.io.plan import Plan as Plan
+    from jaxshare.io.plan import PlanEntry as PlanEntry
+    from jaxshare.io.plan import ReadAhead as ReadAhead
+    from jaxshare.io.source import TensorSource as TensorSource
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare._plan": ["Plan", "PlanEntry", "ReadAhead"],
-        "jaxshare._progress": ["ProgressFn"],
-        "jaxshare._report": ["ArrayInfo", "TieReport"],
-        "jaxshare._source": ["TensorSource"],
+        "jaxshare.io.plan": ["Plan", "PlanEntry", "ReadAhead"],
+        "jaxshare.core.progress": ["ProgressFn"],
+        "jaxshare.core.report": ["ArrayInfo", "TieReport"],
+        "jaxshare.io.source": ["TensorSource"],
     },
 )

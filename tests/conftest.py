@@ -130,7 +130,7 @@ def cached_mib() -> Callable[[Path], list[bool]]:
 
 
 def _cached_mib(path: Path) -> list[bool]:
-    from jaxshare._mapped import _resident, map_file
+    from jaxshare.io.mapped import _resident, map_file
 
     whole = map_file(path)
     return [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
@@ -140,7 +140,7 @@ def _cached_mib(path: Path) -> list[bool]:
 def copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the bytes copied into an ``OutputFile`` s staging buffers (not
     written from where they lie), as they are."""
-    from jaxshare._output import OutputFile
+    from jaxshare.io.output import OutputFile
 
     sizes: list[int] = []
     real = OutputFile._append

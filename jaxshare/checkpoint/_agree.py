@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxshare._alias import AliasMap
+from jaxshare.core.alias import AliasMap
 
 __all__ = ["check_same_on_all_processes"]
 

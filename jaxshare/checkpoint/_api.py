@@ -14,12 +14,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxshare._alias import AliasMap
-from jaxshare._output import atomic_output, remove_path
 from jaxshare.checkpoint._handler import SharedCheckpointHandler, SharedRestore, SharedSave
 from jaxshare.checkpoint._item import read_alias_map_file
+from jaxshare.core.alias import AliasMap
 from jaxshare.formats import find_item
 from jaxshare.internal import ITEM
+from jaxshare.io.output import atomic_output, remove_path
 
 __all__ = ["read_alias_map", "restore", "save"]
 

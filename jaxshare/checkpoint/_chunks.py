@@ -40,11 +40,12 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from jaxshare._buffers import empty_array
-from jaxshare._mapped import map_file, read_direct
-from jaxshare._perm import Perm, contiguous_transpose, inverse, permute_shape
-from jaxshare._threads import parallel_map
 from jaxshare.checkpoint._ocdbt import crc32c
+from jaxshare.core.perm import Perm, inverse, permute_shape
+from jaxshare.io.buffers import empty_array
+from jaxshare.io.mapped import map_file, read_direct
+from jaxshare.io.threads import parallel_map
+from jaxshare.io.transpose import contiguous_transpose
 
 __all__ = ["Chunk", "ChunkStore", "DirectArray", "Layout"]
 
@@ -98,7 +99,7 @@ class ChunkStore:
     def data(self, chunk: Chunk) -> np.ndarray:
         """The bytes of ``chunk`` as a read-only ``uint8`` array: a view of its
         mapped file (reading it copies nothing until it is used, and a writer
-        can copy it file to file, :func:`jaxshare._mapped.copy_view`)."""
+        can copy it file to file, :func:`jaxshare.io.mapped.copy_view`)."""
         if chunk.inline is not None:
             return np.frombuffer(chunk.inline, np.uint8)[chunk.offset :][: chunk.length]
         assert chunk.file is not None
@@ -677,7 +678,7 @@ class DirectArray:
         CPU of that, and 0.8x the time from a cold file too (the mapping's
         read-around keeps ahead of two decoding threads). A frame of 1 MiB or more
         that the page cache lacks is read past it first
-        (:func:`~jaxshare._mapped.read_direct`): here the first touch of a page the
+        (:func:`~jaxshare.io.mapped.read_direct`): here the first touch of a page the
         kernel had just read cost more CPU than the decode, and an 8 GB item went
         to a ``.safetensors`` file in 11.2-12.0 s with 7.8-8.3 s of user CPU
         against 12.6-13.0 s with 14.1-14.3 s (11.3-11.5 s against 13.5-14.2 s

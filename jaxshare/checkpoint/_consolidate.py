@@ -13,16 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from jaxshare._alias import AliasMap
-from jaxshare._dtype import float_dtype
-from jaxshare._perm import Perm
-from jaxshare._plan import Plan, PlanEntry
-from jaxshare._progress import ProgressFn
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
 from jaxshare.checkpoint._source import CheckpointSource
+from jaxshare.core.alias import AliasMap
+from jaxshare.core.dtype import float_dtype
+from jaxshare.core.perm import Perm
+from jaxshare.core.progress import ProgressFn
 from jaxshare.formats import ALIAS_MAP_KEY, find_item
 from jaxshare.internal import write_plan
+from jaxshare.io.plan import Plan, PlanEntry
 
 __all__ = ["consolidate", "consolidate_to_safetensors"]
 

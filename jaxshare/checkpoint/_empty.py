@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxshare._dtype import numpy_dtype
-from jaxshare._paths import flatten_with_paths, render
-from jaxshare._report import ArrayInfo
+from jaxshare.core.dtype import numpy_dtype
+from jaxshare.core.paths import flatten_with_paths, render
+from jaxshare.core.report import ArrayInfo
 
 __all__ = ["EmptyArray", "split_empty", "parse_record"]
 
@@ -59,8 +59,8 @@ def split_empty(tree: Any, /) -> tuple[Any, dict[str, EmptyArray]]:
     >>> sorted(rest), empty["b"].to_json()
     (['w'], {'shape': [0, 3], 'dtype': 'float64', 'type': 'numpy'})
     """
-    from jaxshare._edit import DROP, edit_paths
-    from jaxshare._leafkey import is_array
+    from jaxshare.core.edit import DROP, edit_paths
+    from jaxshare.core.leafkey import is_array
 
     empty = {
         render(path): EmptyArray(

@@ -18,18 +18,18 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from jaxshare._alias import AliasMap
-from jaxshare._output import destination_of
-from jaxshare._tie import dedupe
-from jaxshare._tied import Tied
 from jaxshare.checkpoint._agree import check_same_on_all_processes
 from jaxshare.checkpoint._empty import split_empty
 from jaxshare.checkpoint._item import open_item
 from jaxshare.checkpoint._nested import expand
 from jaxshare.checkpoint._restore import restore_item
 from jaxshare.checkpoint._stream import CHUNK_BYTES, HANDLER_TYPESTR, alias_files
+from jaxshare.core.alias import AliasMap
+from jaxshare.core.tie import dedupe
+from jaxshare.core.tied import Tied
 from jaxshare.formats import EMPTY_ARRAYS_KEY
 from jaxshare.internal import asset_files
+from jaxshare.io.output import destination_of
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from jaxshare._report import TieReport
 from jaxshare.checkpoint._item import open_item
+from jaxshare.core.report import TieReport
 from jaxshare.formats import ALIAS_MAP_FILE, find_item, item_assets
 
 __all__ = ["inspect"]

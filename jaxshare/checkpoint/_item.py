@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from jaxshare._alias import MAX_JSON_BYTES, AliasMap
-from jaxshare._json import loads
-from jaxshare._naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
-from jaxshare._naming import NamingRecord
-from jaxshare._paths import flatten_with_paths, render
-from jaxshare._report import ArrayInfo
 from jaxshare.checkpoint._chunks import ChunkStore, Layout
 from jaxshare.checkpoint._empty import EmptyArray, parse_record
+from jaxshare.core.alias import MAX_JSON_BYTES, AliasMap
+from jaxshare.core.naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
+from jaxshare.core.naming import NamingRecord
+from jaxshare.core.paths import flatten_with_paths, render
+from jaxshare.core.report import ArrayInfo
+from jaxshare.core.strict_json import loads
 from jaxshare.formats import (
     ALIAS_MAP_FILE,
     EMPTY_ARRAYS_KEY,

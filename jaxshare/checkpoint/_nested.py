@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jaxshare._alias import AliasMap
-from jaxshare._edit import Put, edit_paths, get_paths
-from jaxshare._naming import NamingRecord
-from jaxshare._paths import Path, flatten_with_paths, render
-from jaxshare._tie import dedupe
-from jaxshare._tied import Tied
+from jaxshare.core.alias import AliasMap
+from jaxshare.core.edit import Put, edit_paths, get_paths
+from jaxshare.core.naming import NamingRecord
+from jaxshare.core.paths import Path, flatten_with_paths, render
+from jaxshare.core.tie import dedupe
+from jaxshare.core.tied import Tied
 
 __all__ = ["expand", "tied_nodes", "wrap"]
 

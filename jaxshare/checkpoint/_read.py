@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import numpy as np
 import tensorstore as ts
 
-from jaxshare._buffers import empty_array
-from jaxshare._dtype import cast_to
-from jaxshare._perm import Perm
 from jaxshare.checkpoint._chunks import ChunkStore, DirectArray
 from jaxshare.checkpoint._item import StoredItem, array_spec, is_ocdbt, read_context
+from jaxshare.core.dtype import cast_to
+from jaxshare.core.perm import Perm
+from jaxshare.io.buffers import empty_array
 
 __all__ = ["BLOCK_BYTES", "LeafReader"]
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import jax
 
-from jaxshare._alias import AliasMap
-from jaxshare._edit import DROP, Absent, Put, edit_paths, get_paths
-from jaxshare._paths import flatten_with_paths, render
-from jaxshare._tie import dedupe, retie
-from jaxshare._tied import Tied
 from jaxshare.checkpoint._item import StoredItem, sample
 from jaxshare.checkpoint._nested import expand, wrap
+from jaxshare.core.alias import AliasMap
+from jaxshare.core.edit import DROP, Absent, Put, edit_paths, get_paths
+from jaxshare.core.paths import flatten_with_paths, render
+from jaxshare.core.tie import dedupe, retie
+from jaxshare.core.tied import Tied
 from jaxshare.formats import ALIAS_MAP_FILE
 
 __all__ = ["restore_item"]

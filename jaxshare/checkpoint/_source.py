@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxshare._dtype import float_dtype
-from jaxshare._json import loads
-from jaxshare._source import Index, TensorSource
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
+from jaxshare.core.dtype import float_dtype
+from jaxshare.core.strict_json import loads
 from jaxshare.formats import ALIAS_MAP_FILE, CONFIG_FILE, find_item, item_assets
+from jaxshare.io.source import Index, TensorSource
 
 __all__ = ["CheckpointSource", "open_source"]
 
@@ -98,7 +98,7 @@ def _config(path: Path | None) -> dict | None:
 
 
 def _cast_name(dtype: str, cast: np.dtype) -> str:
-    from jaxshare._dtype import cast_to, numpy_dtype
+    from jaxshare.core.dtype import cast_to, numpy_dtype
 
     return cast_to(numpy_dtype(dtype), cast).name
 

@@ -20,7 +20,7 @@ JAX and Orbax cost a second of every run. Here:
 - it is cut into chunks of whole rows of at most :data:`CHUNK_BYTES` (a stack
   in per-layer chunks), each zstd-compressed at Orbax's level on a few threads
   (or stored raw), and appended to data files that go to the disk as they are
-  written (:class:`jaxshare._output.OutputFile`), a large one from where it lies
+  written (:class:`jaxshare.io.output.OutputFile`), a large one from where it lies
   in memory, after a few zeros that line it up with the file's blocks;
 - the B+tree that finds every chunk and the manifest are then encoded in
   TensorStore's format (:mod:`jaxshare.checkpoint._ocdbt`), and the metadata
@@ -51,16 +51,6 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from jaxshare._alias import AliasMap
-from jaxshare._buffers import pooled
-from jaxshare._dtype import numpy_dtype
-from jaxshare._manifest import Manifest, ManifestEntry, TensorHash
-from jaxshare._naming import stack_axis
-from jaxshare._output import LEND_BYTES, OutputFile, atomic_output, fsync_dir, write_synced
-from jaxshare._plan import Plan, PlanEntry, ReadAhead, dwarfs
-from jaxshare._progress import ProgressFn
-from jaxshare._source import TensorSource
-from jaxshare._threads import worker_count
 from jaxshare.checkpoint._empty import EmptyArray
 from jaxshare.checkpoint._ocdbt import (
     MAX_INLINE_VALUE_BYTES,
@@ -68,6 +58,11 @@ from jaxshare.checkpoint._ocdbt import (
     encode_database,
     new_data_file_name,
 )
+from jaxshare.core.alias import AliasMap
+from jaxshare.core.dtype import numpy_dtype
+from jaxshare.core.manifest import Manifest, ManifestEntry, TensorHash
+from jaxshare.core.naming import stack_axis
+from jaxshare.core.progress import ProgressFn
 from jaxshare.formats import (
     ALIAS_MAP_FILE,
     EMPTY_ARRAYS_KEY,
@@ -76,6 +71,11 @@ from jaxshare.formats import (
     ORBAX_METADATA_FILE,
 )
 from jaxshare.internal import ITEM, asset_files
+from jaxshare.io.buffers import pooled
+from jaxshare.io.output import LEND_BYTES, OutputFile, atomic_output, fsync_dir, write_synced
+from jaxshare.io.plan import Plan, PlanEntry, ReadAhead, dwarfs
+from jaxshare.io.source import TensorSource
+from jaxshare.io.threads import worker_count
 
 __all__ = [
     "CHUNK_BYTES",
@@ -182,7 +182,7 @@ class _Layers:
 
 class _DataFiles:
     """Chunks appended to data files under ``root/d/``, each handed to the disk as it
-    is written (:class:`jaxshare._output.OutputFile`) and on it when closed; a new
+    is written (:class:`jaxshare.io.output.OutputFile`) and on it when closed; a new
     file is begun past :data:`DATA_FILE_BYTES`."""
 
     def __init__(self, root: Path) -> None:

@@ -18,85 +18,87 @@ import typing as _typing
 from jaxshare._lazy import exports as _exports
 
 if _typing.TYPE_CHECKING:
-    from jaxshare.formats._dcp import DCPFolder as DCPFolder
-    from jaxshare.formats._dcp import is_dcp_folder as is_dcp_folder
-    from jaxshare.formats._dcp import read_dcp_metadata as read_dcp_metadata
-    from jaxshare.formats._dcp_optim import is_dcp_training_folder as is_dcp_training_folder
-    from jaxshare.formats._dcp_optim import read_dcp_training as read_dcp_training
-    from jaxshare.formats._dcp_write import write_dcp as write_dcp
-    from jaxshare.formats._deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
-    from jaxshare.formats._deepspeed_optim import DeepSpeedSlot as DeepSpeedSlot
-    from jaxshare.formats._deepspeed_optim import is_deepspeed_training as is_deepspeed_training
-    from jaxshare.formats._deepspeed_optim import read_deepspeed_training as read_deepspeed_training
-    from jaxshare.formats._hf import BIN_INDEX as BIN_INDEX
-    from jaxshare.formats._hf import BIN_WEIGHTS as BIN_WEIGHTS
-    from jaxshare.formats._hf import CONFIG_FILE as CONFIG_FILE
-    from jaxshare.formats._hf import DEFAULT_MAX_SHARD_SIZE as DEFAULT_MAX_SHARD_SIZE
-    from jaxshare.formats._hf import FLAX_INDEX as FLAX_INDEX
-    from jaxshare.formats._hf import FLAX_WEIGHTS as FLAX_WEIGHTS
-    from jaxshare.formats._hf import INDEX_SUFFIX as INDEX_SUFFIX
-    from jaxshare.formats._hf import SAFE_INDEX as SAFE_INDEX
-    from jaxshare.formats._hf import SAFE_WEIGHTS as SAFE_WEIGHTS
-    from jaxshare.formats._hf import HFIndex as HFIndex
-    from jaxshare.formats._hf import HFLayout as HFLayout
-    from jaxshare.formats._hf import MODEL_ASSETS as MODEL_ASSETS
-    from jaxshare.formats._hf import ModelFiles as ModelFiles
-    from jaxshare.formats._hf import hf_layout as hf_layout
-    from jaxshare.formats._hf import model_files as model_files
-    from jaxshare.formats._hf import parse_size as parse_size
-    from jaxshare.formats._hf import read_index as read_index
-    from jaxshare.formats._hf import shard_name as shard_name
-    from jaxshare.formats._layout import ALIAS_MAP_FILE as ALIAS_MAP_FILE
-    from jaxshare.formats._layout import ASSETS_DIR as ASSETS_DIR
-    from jaxshare.formats._layout import EMPTY_ARRAYS_KEY as EMPTY_ARRAYS_KEY
-    from jaxshare.formats._layout import NAMING_FILE as NAMING_FILE
-    from jaxshare.formats._layout import ORBAX_METADATA_FILE as ORBAX_METADATA_FILE
-    from jaxshare.formats._layout import find_item as find_item
-    from jaxshare.formats._layout import is_checkpoint as is_checkpoint
-    from jaxshare.formats._layout import is_item as is_item
-    from jaxshare.formats._layout import item_assets as item_assets
-    from jaxshare.formats._layout import MANIFEST_FILE as MANIFEST_FILE
-    from jaxshare.formats._msgpack import MsgpackFile as MsgpackFile
-    from jaxshare.formats._optim import OptimizerState as OptimizerState
-    from jaxshare.formats._optim import ParamGroup as ParamGroup
-    from jaxshare.formats._optim import SlotSource as SlotSource
-    from jaxshare.formats._optim import is_torch_training_file as is_torch_training_file
-    from jaxshare.formats._optim import optimizer_state as optimizer_state
-    from jaxshare.formats._optim import read_torch_training as read_torch_training
-    from jaxshare.formats._pytorch import TORCH_SUFFIXES as TORCH_SUFFIXES
-    from jaxshare.formats._pytorch import TorchFile as TorchFile
-    from jaxshare.formats._pytorch import check_torch_file as check_torch_file
-    from jaxshare.formats._pytorch import unpickle_torch_file as unpickle_torch_file
-    from jaxshare.formats._safetensors import ALIAS_MAP_KEY as ALIAS_MAP_KEY
-    from jaxshare.formats._safetensors import MANIFEST_KEY as MANIFEST_KEY
-    from jaxshare.formats._safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES
-    from jaxshare.formats._safetensors import NAMING_KEY as NAMING_KEY
-    from jaxshare.formats._safetensors import SafetensorsFile as SafetensorsFile
-    from jaxshare.formats._safetensors import SafetensorsHeader as SafetensorsHeader
-    from jaxshare.formats._safetensors import TensorEntry as TensorEntry
-    from jaxshare.formats._safetensors import TensorSpec as TensorSpec
-    from jaxshare.formats._safetensors import alias_map_in as alias_map_in
-    from jaxshare.formats._safetensors import inspect_safetensors as inspect_safetensors
-    from jaxshare.formats._safetensors import manifest_in as manifest_in
-    from jaxshare.formats._safetensors import read_header as read_header
-    from jaxshare.formats._safetensors import save_plan as save_plan
-    from jaxshare.formats._safetensors import write_safetensors as write_safetensors
-    from jaxshare.formats._weights import WEIGHT_SUFFIXES as WEIGHT_SUFFIXES
-    from jaxshare.formats._weights import open_weights_file as open_weights_file
+    from jaxshare.formats.dcp.reader import DCPFolder as DCPFolder
+    from jaxshare.formats.dcp.reader import is_dcp_folder as is_dcp_folder
+    from jaxshare.formats.dcp.reader import read_dcp_metadata as read_dcp_metadata
+    from jaxshare.formats.dcp.training import is_dcp_training_folder as is_dcp_training_folder
+    from jaxshare.formats.dcp.training import read_dcp_training as read_dcp_training
+    from jaxshare.formats.dcp.writer import write_dcp as write_dcp
+    from jaxshare.formats.deepspeed.checkpoint import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from jaxshare.formats.deepspeed.training import DeepSpeedSlot as DeepSpeedSlot
+    from jaxshare.formats.deepspeed.training import is_deepspeed_training as is_deepspeed_training
+    from jaxshare.formats.deepspeed.training import (
+        read_deepspeed_training as read_deepspeed_training,
+    )
+    from jaxshare.formats.hf.files import BIN_INDEX as BIN_INDEX
+    from jaxshare.formats.hf.files import BIN_WEIGHTS as BIN_WEIGHTS
+    from jaxshare.formats.hf.files import CONFIG_FILE as CONFIG_FILE
+    from jaxshare.formats.hf.files import DEFAULT_MAX_SHARD_SIZE as DEFAULT_MAX_SHARD_SIZE
+    from jaxshare.formats.hf.files import FLAX_INDEX as FLAX_INDEX
+    from jaxshare.formats.hf.files import FLAX_WEIGHTS as FLAX_WEIGHTS
+    from jaxshare.formats.hf.files import INDEX_SUFFIX as INDEX_SUFFIX
+    from jaxshare.formats.hf.files import SAFE_INDEX as SAFE_INDEX
+    from jaxshare.formats.hf.files import SAFE_WEIGHTS as SAFE_WEIGHTS
+    from jaxshare.formats.hf.files import HFIndex as HFIndex
+    from jaxshare.formats.hf.files import HFLayout as HFLayout
+    from jaxshare.formats.hf.files import MODEL_ASSETS as MODEL_ASSETS
+    from jaxshare.formats.hf.files import ModelFiles as ModelFiles
+    from jaxshare.formats.hf.files import hf_layout as hf_layout
+    from jaxshare.formats.hf.files import model_files as model_files
+    from jaxshare.formats.hf.files import parse_size as parse_size
+    from jaxshare.formats.hf.files import read_index as read_index
+    from jaxshare.formats.hf.files import shard_name as shard_name
+    from jaxshare.formats.item_files import ALIAS_MAP_FILE as ALIAS_MAP_FILE
+    from jaxshare.formats.item_files import ASSETS_DIR as ASSETS_DIR
+    from jaxshare.formats.item_files import EMPTY_ARRAYS_KEY as EMPTY_ARRAYS_KEY
+    from jaxshare.formats.item_files import NAMING_FILE as NAMING_FILE
+    from jaxshare.formats.item_files import ORBAX_METADATA_FILE as ORBAX_METADATA_FILE
+    from jaxshare.formats.item_files import find_item as find_item
+    from jaxshare.formats.item_files import is_checkpoint as is_checkpoint
+    from jaxshare.formats.item_files import is_item as is_item
+    from jaxshare.formats.item_files import item_assets as item_assets
+    from jaxshare.formats.item_files import MANIFEST_FILE as MANIFEST_FILE
+    from jaxshare.formats.msgpack import MsgpackFile as MsgpackFile
+    from jaxshare.formats.optim import OptimizerState as OptimizerState
+    from jaxshare.formats.optim import ParamGroup as ParamGroup
+    from jaxshare.formats.optim import SlotSource as SlotSource
+    from jaxshare.formats.optim import is_torch_training_file as is_torch_training_file
+    from jaxshare.formats.optim import optimizer_state as optimizer_state
+    from jaxshare.formats.optim import read_torch_training as read_torch_training
+    from jaxshare.formats.pytorch import TORCH_SUFFIXES as TORCH_SUFFIXES
+    from jaxshare.formats.pytorch import TorchFile as TorchFile
+    from jaxshare.formats.pytorch import check_torch_file as check_torch_file
+    from jaxshare.formats.pytorch import unpickle_torch_file as unpickle_torch_file
+    from jaxshare.formats.safetensors import ALIAS_MAP_KEY as ALIAS_MAP_KEY
+    from jaxshare.formats.safetensors import MANIFEST_KEY as MANIFEST_KEY
+    from jaxshare.formats.safetensors import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+    from jaxshare.formats.safetensors import NAMING_KEY as NAMING_KEY
+    from jaxshare.formats.safetensors import SafetensorsFile as SafetensorsFile
+    from jaxshare.formats.safetensors import SafetensorsHeader as SafetensorsHeader
+    from jaxshare.formats.safetensors import TensorEntry as TensorEntry
+    from jaxshare.formats.safetensors import TensorSpec as TensorSpec
+    from jaxshare.formats.safetensors import alias_map_in as alias_map_in
+    from jaxshare.formats.safetensors import inspect_safetensors as inspect_safetensors
+    from jaxshare.formats.safetensors import manifest_in as manifest_in
+    from jaxshare.formats.safetensors import read_header as read_header
+    from jaxshare.formats.safetensors import save_plan as save_plan
+    from jaxshare.formats.safetensors import write_safetensors as write_safetensors
+    from jaxshare.formats.weights import WEIGHT_SUFFIXES as WEIGHT_SUFFIXES
+    from jaxshare.formats.weights import open_weights_file as open_weights_file
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare.formats._dcp": ["DCPFolder", "is_dcp_folder", "read_dcp_metadata"],
-        "jaxshare.formats._dcp_optim": ["is_dcp_training_folder", "read_dcp_training"],
-        "jaxshare.formats._dcp_write": ["write_dcp"],
-        "jaxshare.formats._deepspeed": ["DeepSpeedCheckpoint"],
-        "jaxshare.formats._deepspeed_optim": [
+        "jaxshare.formats.dcp.reader": ["DCPFolder", "is_dcp_folder", "read_dcp_metadata"],
+        "jaxshare.formats.dcp.training": ["is_dcp_training_folder", "read_dcp_training"],
+        "jaxshare.formats.dcp.writer": ["write_dcp"],
+        "jaxshare.formats.deepspeed.checkpoint": ["DeepSpeedCheckpoint"],
+        "jaxshare.formats.deepspeed.training": [
             "DeepSpeedSlot",
             "is_deepspeed_training",
             "read_deepspeed_training",
         ],
-        "jaxshare.formats._hf": [
+        "jaxshare.formats.hf.files": [
             "BIN_INDEX",
             "BIN_WEIGHTS",
             "CONFIG_FILE",
@@ -116,7 +118,7 @@ __getattr__, __dir__, __all__ = _exports(
             "read_index",
             "shard_name",
         ],
-        "jaxshare.formats._layout": [
+        "jaxshare.formats.item_files": [
             "ALIAS_MAP_FILE",
             "ASSETS_DIR",
             "EMPTY_ARRAYS_KEY",
@@ -128,8 +130,8 @@ __getattr__, __dir__, __all__ = _exports(
             "is_item",
             "item_assets",
         ],
-        "jaxshare.formats._msgpack": ["MsgpackFile"],
-        "jaxshare.formats._optim": [
+        "jaxshare.formats.msgpack": ["MsgpackFile"],
+        "jaxshare.formats.optim": [
             "OptimizerState",
             "ParamGroup",
             "SlotSource",
@@ -137,13 +139,13 @@ __getattr__, __dir__, __all__ = _exports(
             "optimizer_state",
             "read_torch_training",
         ],
-        "jaxshare.formats._pytorch": [
+        "jaxshare.formats.pytorch": [
             "TORCH_SUFFIXES",
             "TorchFile",
             "check_torch_file",
             "unpickle_torch_file",
         ],
-        "jaxshare.formats._safetensors": [
+        "jaxshare.formats.safetensors": [
             "ALIAS_MAP_KEY",
             "MANIFEST_KEY",
             "MAX_HEADER_BYTES",
@@ -159,6 +161,6 @@ __getattr__, __dir__, __all__ = _exports(
             "save_plan",
             "write_safetensors",
         ],
-        "jaxshare.formats._weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
+        "jaxshare.formats.weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
     },
 )

@@ -51,7 +51,7 @@ def test_each_broken_fixture_is_caught_with_its_kinds(name):
 
 
 def test_the_corpus_covers_every_kind_and_every_reported_issue():
-    from bridge._check import KINDS as kinds
+    from bridge.commands.check import KINDS as kinds
 
     assert len(MANIFEST) >= 12
     found = {k for e in MANIFEST.values() for k in e["expect"]}

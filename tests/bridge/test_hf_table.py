@@ -1,4 +1,4 @@
-"""The table of transformers' model classes (``bridge/_hf_table.json``) says what the
+"""The table of transformers' model classes (``bridge/hf/table.json``) says what the
 model class built on the meta device says.
 
 For the configs of the suite's Hugging Face models (the ``transformers_flax``
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge._hf_config import config_ties
-from bridge._hf_table import load_table, table_ties, template
-from bridge._rules import Rules
+from bridge.hf.config import config_ties
+from bridge.hf.table import load_table, table_ties, template
+from bridge.layouts.rules import Rules
 
 transformers = pytest.importorskip("transformers")
-from bridge._hf_meta import _LAYER_KEYS, generation_config, meta_model_ties  # noqa: E402
+from bridge.hf.meta import _LAYER_KEYS, generation_config, meta_model_ties  # noqa: E402
 
 TABLE = load_table()
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "transformers_flax"
@@ -135,7 +135,7 @@ def test_every_class_of_the_table(model_type, cls):
 
 
 def test_the_table_is_of_the_installed_transformers():
-    assert TABLE is not None, "bridge/_hf_table.json is missing: run `make hf-table`"
+    assert TABLE is not None, "bridge/hf/table.json is missing: run `make hf-table`"
     assert TABLE["transformers"] == transformers.__version__, "run `make hf-table`"
     assert len(ENTRIES) >= 300
 

@@ -1,4 +1,4 @@
-"""MaxText's layout of Llama, Mistral and Gemma (``bridge/_maxtext.py``), against items
+"""MaxText's layout of Llama, Mistral and Gemma (``bridge/layouts/maxtext.py``), against items
 converted by MaxText's own scripts.
 
 The fixtures (``tests/data/maxtext/<id>/``, made by ``make_fixture.py``) hold each tiny
@@ -36,7 +36,7 @@ import torch
 from safetensors.numpy import load_file
 
 import bridge
-from bridge._maxtext import MAXTEXT_FAMILIES, MaxTextToTorch, TorchToMaxText, torch_shapes
+from bridge.layouts.maxtext import MAXTEXT_FAMILIES, MaxTextToTorch, TorchToMaxText, torch_shapes
 from jaxshare import checkpoint
 from jaxshare.internal import Index
 from jaxshare.stream import ArrayInfo, Plan, TensorSource

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import bridge
-from bridge._optax import _SlotSource
+from bridge.training.optax import _SlotSource
 from jaxshare import formats, tie
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deepspeed_optim"
@@ -60,7 +60,7 @@ def test_zero_run_resumes_in_optax_and_back(name):
     tx = bridge.optax_for(state)  # AdamW over two groups, the frozen parameter set to zero
     params, opt_state = bridge.to_optax(folder, tx)
     where = _flax_of(params)
-    moments = bridge._optax.moments_of(opt_state, "adam")
+    moments = bridge.training.optax.moments_of(opt_state, "adam")
     for torch_name, (path, perm) in where.items():
         want = ref["fp32_params"].get(torch_name, consolidated.get(torch_name))
         if want is not None:  # (ZeRO-1's zero_to_fp32 leaves the frozen one out.)

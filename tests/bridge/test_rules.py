@@ -9,7 +9,7 @@ from torch import nn as tnn
 
 import bridge
 from bridge import Rule, Rules, to_flax, to_torch
-from bridge._rules import TorchLeaf, candidates, module_variants, torch_name
+from bridge.layouts.rules import TorchLeaf, candidates, module_variants, torch_name
 
 
 class Conv1D(tnn.Module):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bridge import shared_params
-from bridge._shared import storage_key
+from bridge.torch.shared import storage_key
 
 
 class TiedLM(nn.Module):

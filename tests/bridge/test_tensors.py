@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridge._tensors import permuted_copy, to_array, to_tensor
+from bridge.torch.tensors import permuted_copy, to_array, to_tensor
 from jaxshare.internal import inverse
 
 

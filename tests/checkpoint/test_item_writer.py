@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from jaxshare import AliasMap
 from jaxshare import checkpoint as jc
-from jaxshare._report import ArrayInfo
 from jaxshare.checkpoint import _stream
 from jaxshare.checkpoint._item import array_spec, read_context
+from jaxshare.core.report import ArrayInfo
 from jaxshare.stream import Plan, TensorSource
 
 DTYPES = [
@@ -150,7 +150,7 @@ def test_data_files_roll_over_and_every_chunk_is_found(
 
 
 def test_a_stack_is_stored_in_per_layer_chunks(tmp_path: Path) -> None:
-    from jaxshare._naming import NamingRecord
+    from jaxshare.core.naming import NamingRecord
 
     stack = np.arange(4 * 6 * 5, dtype=np.float32).reshape(4, 6, 5)
     naming = NamingRecord({"params/w": "layers.{i}.w"})  # (Layers on axis 0.)

@@ -20,8 +20,8 @@ from jax.sharding import PartitionSpec as P
 import jaxshare
 from jaxshare import AliasMap, Tied, dedupe, find_shared
 from jaxshare import checkpoint as jc
-from jaxshare._alias import MAX_JSON_BYTES
 from jaxshare.checkpoint import _empty
+from jaxshare.core.alias import MAX_JSON_BYTES
 
 ALIAS_FILE = "jaxshare_alias_map.json"
 

@@ -24,8 +24,8 @@ from safetensors.numpy import save_file
 import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
-from jaxshare._plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
+from jaxshare.io.plan import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 # --- fixtures -----------------------------------------------------------------

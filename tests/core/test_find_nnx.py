@@ -5,7 +5,7 @@ import pytest
 from flax import nnx
 
 from jaxshare import AliasMap, dedupe, find_shared, retie
-from jaxshare._paths import flatten_with_paths, render
+from jaxshare.core.paths import flatten_with_paths, render
 
 
 def state_paths(model) -> set[str]:

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxshare
-from jaxshare._find import _flatten_with_rendered_paths
-from jaxshare._paths import keypath_to_path, render
+from jaxshare.core.find import _flatten_with_rendered_paths
+from jaxshare.core.paths import keypath_to_path, render
 
 Pair = collections.namedtuple("Pair", ["left", "right"])
 

@@ -1,4 +1,4 @@
-"""Ties by memory (``jaxshare._memory``): the one rule every reader and writer that ties
+"""Ties by memory (``jaxshare.core.memory``): the one rule every reader and writer that ties
 by memory follows -- the same extent is one array, a permuted view is an alias with its
 permutation, any other overlap is reported, and zero-size arrays never tie by address."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxshare._memory import Extent, array_key, memory_ties, numpy_extent
+from jaxshare.core.memory import Extent, array_key, memory_ties, numpy_extent
 
 W = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
 

@@ -1,12 +1,12 @@
 """``NamingRecord``: what a conversion did to each leaf, checked on construction and parsed
-from JSON as strictly as the alias map is (one parser, ``jaxshare._json``)."""
+from JSON as strictly as the alias map is (one parser, ``jaxshare.core.strict_json``)."""
 
 import json
 
 import pytest
 
 from jaxshare import AliasMap, Naming, NamingRecord
-from jaxshare._naming import MAX_JSON_BYTES
+from jaxshare.core.naming import MAX_JSON_BYTES
 
 RECORD = NamingRecord(
     {"params/wte/embedding": "wte.weight", "params/mlp/kernel": ("mlp.weight", (1, 0))}

@@ -7,7 +7,7 @@ import pytest
 from flax import traverse_util
 from flax.core import FrozenDict
 
-from jaxshare._paths import children, flatten_with_paths, keypath_to_path, render, split
+from jaxshare.core.paths import children, flatten_with_paths, keypath_to_path, render, split
 
 
 class Point(NamedTuple):

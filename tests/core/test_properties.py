@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxshare import AliasMap, dedupe, find_shared, retie
-from jaxshare._paths import flatten_with_paths, keypath_to_path, render
+from jaxshare.core.paths import flatten_with_paths, keypath_to_path, render
 
 # A pool of arrays: dtypes incl. bf16, ints, bools; scalars; empty arrays.
 POOL = [

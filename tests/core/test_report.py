@@ -3,7 +3,7 @@ import json
 import pytest
 
 from jaxshare import AliasMap
-from jaxshare._report import ArrayInfo, TieReport, format_bytes
+from jaxshare.core.report import ArrayInfo, TieReport, format_bytes
 
 STORED = {
     "params/wte/embedding": ArrayInfo((50257, 768), "bfloat16"),

@@ -1,4 +1,4 @@
-"""PyTorch Distributed Checkpoint folders read with numpy only: ``jaxshare.formats._dcp``.
+"""PyTorch Distributed Checkpoint folders read with numpy only: ``jaxshare.formats.dcp.reader``.
 
 The fixtures (``tests/data/dcp``, built by ``make_fixtures.py`` with the real
 ``torch.distributed.checkpoint.save``) are a one-process tied model (``flat``) and an
@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from jaxshare import AliasMap
-from jaxshare.formats._dcp import DCPFolder, is_dcp_folder, read_dcp_metadata
+from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder, read_dcp_metadata
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcp"
 FIXTURES = ["flat", "sharded"]
@@ -565,7 +565,7 @@ def test_metadata_over_the_size_limit_is_refused(tmp_path):
 NO_TORCH = """
 import hashlib, json, sys
 sys.modules["torch"] = None
-from jaxshare.formats._dcp import DCPFolder
+from jaxshare.formats.dcp.reader import DCPFolder
 out = {}
 for path in sys.argv[1:]:
     with DCPFolder(path, part=None) as f:
@@ -623,8 +623,8 @@ def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(tmp_path, drop
     page, are read ahead into the cache, and nothing of the values is."""
     import torch.distributed.checkpoint as dcp
 
-    from jaxshare._mapped import _resident, file_extent, map_file
-    from jaxshare._plan import Plan
+    from jaxshare.io.mapped import _resident, file_extent, map_file
+    from jaxshare.io.plan import Plan
 
     state = {
         "a": torch.arange(2**20, dtype=torch.float32).reshape(2**10, 2**10),

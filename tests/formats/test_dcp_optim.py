@@ -1,5 +1,5 @@
 """A DCP training checkpoint's optimizer state read with numpy only:
-``jaxshare.formats._dcp_optim``.
+``jaxshare.formats.dcp.training``.
 
 ``_dcp_optim_worker.py`` trains a tiny tied model with FSDP2 ``fully_shard`` on two
 gloo ranks (AdamW, two groups) and saves ``get_state_dict(model, optimizer)`` with

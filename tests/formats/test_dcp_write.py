@@ -1,4 +1,4 @@
-"""``jaxshare.formats._dcp_write``: PyTorch DCP folders written without torch, read by
+"""``jaxshare.formats.dcp.writer``: PyTorch DCP folders written without torch, read by
 stock ``torch.distributed.checkpoint.load`` -- into a plain model and into an FSDP2 model
 on two gloo ranks -- with each tie stored once (two FQNs over the same bytes) and the
 alias map beside them.
@@ -39,11 +39,11 @@ from jaxshare.formats import (
     NAMING_FILE,
     SafetensorsFile,
     TensorSpec,
-    _dcp_write,
     write_safetensors,
 )
-from jaxshare.formats._dcp import METADATA_FILE as DCP_METADATA_FILE
-from jaxshare.formats._dcp_write import DCP_DATA_FILE, holds_only_dcp, write_dcp
+from jaxshare.formats.dcp import writer as _dcp_write
+from jaxshare.formats.dcp.reader import METADATA_FILE as DCP_METADATA_FILE
+from jaxshare.formats.dcp.writer import DCP_DATA_FILE, holds_only_dcp, write_dcp
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 #: dcp.load warns that it assumes one process when no process group is initialized.
@@ -301,7 +301,7 @@ def test_written_without_torch(tmp_path):
     script = (
         "import sys; sys.modules['torch'] = None\n"
         "from jaxshare.formats import SafetensorsFile\n"
-        "from jaxshare.formats._dcp_write import write_dcp\n"
+        "from jaxshare.formats.dcp.writer import write_dcp\n"
         "from jaxshare.stream import Plan\n"
         "with SafetensorsFile(sys.argv[1]) as s:\n"
         "    write_dcp(sys.argv[2], Plan.identity(s), s)\n"

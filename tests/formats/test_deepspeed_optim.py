@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxshare.formats import DeepSpeedSlot, is_deepspeed_training, read_deepspeed_training
-from jaxshare.formats._deepspeed import _Inert, _Source, flat_pieces, load_deepspeed_file
+from jaxshare.formats.deepspeed.checkpoint import _Inert, _Source, flat_pieces, load_deepspeed_file
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 OPTIM = DATA / "deepspeed_optim"

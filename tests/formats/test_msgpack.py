@@ -26,7 +26,6 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxshare._mapped import _file_range, copy_view
 from jaxshare.formats import (
     FLAX_INDEX,
     FLAX_WEIGHTS,
@@ -35,8 +34,9 @@ from jaxshare.formats import (
     hf_layout,
     open_weights_file,
 )
-from jaxshare.formats._msgpack import DTYPES, MAX_DEPTH, MAX_RECORDS_BYTES, read_msgpack
+from jaxshare.formats.msgpack import DTYPES, MAX_DEPTH, MAX_RECORDS_BYTES, read_msgpack
 from jaxshare.internal import check_not_a_shard, is_hf_directory
+from jaxshare.io.mapped import _file_range, copy_view
 
 DTYPE_NAMES = sorted(DTYPES)
 PREFIX = "not a Flax msgpack file jaxshare can read: "

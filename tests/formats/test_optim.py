@@ -1,4 +1,4 @@
-"""A PyTorch optimizer's state read with numpy only: ``jaxshare.formats._optim``.
+"""A PyTorch optimizer's state read with numpy only: ``jaxshare.formats.optim``.
 
 Real torch optimizers (Adam, AdamW with weight decay, Adam with ``amsgrad``, SGD
 with momentum) train a tiny model a few steps -- one whose head is tied to its

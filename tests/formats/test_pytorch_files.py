@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxshare.formats import TorchFile, open_weights_file, unpickle_torch_file
-from jaxshare.formats._deepspeed import (
+from jaxshare.formats.deepspeed.checkpoint import (
     STAND_INS,
     FragmentAddress,
     LossScalerState,

@@ -24,7 +24,7 @@ from jaxshare.formats import (
     read_header,
     write_safetensors,
 )
-from jaxshare.formats._safetensors import dtype_code, is_safetensors_file, tie_metadata
+from jaxshare.formats.safetensors import dtype_code, is_safetensors_file, tie_metadata
 
 TENSORS = {
     "wte": np.arange(12, dtype=np.float32).reshape(3, 4),

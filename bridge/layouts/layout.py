@@ -1,0 +1,273 @@
+"""Flax layouts: how a Flax tree names and lays out the tensors of a PyTorch model.
+
+A layout is a list of naming and layout rules (:mod:`bridge.layouts.rules`) plus what it
+knows of each model family's Flax port, and makes the :class:`bridge.Rules` that
+placing and naming use:
+
+- ``"jaxshare"``, the default: linen variables (``params/...``), a Linear's
+  ``weight`` is its ``kernel`` transposed, GPT-2's ``Conv1D`` weight (stored
+  ``(in, out)`` already) is its ``kernel`` as it is, norms' ``weight`` is ``scale``;
+- ``"transformers-flax"``: exactly the ``params`` trees of transformers 4.57's
+  Flax models (``FlaxGPT2LMHeadModel``, ``FlaxBertForMaskedLM``, ...): no
+  collection at the top, every 2-D ``kernel`` the PyTorch weight transposed
+  (GPT-2's ``FlaxConv1D`` included, whose kernel is ``(out, in)``), and the
+  family quirks of :data:`TRANSFORMERS_FLAX_FAMILIES` -- RMS norms that keep
+  ``weight`` (Llama, Mistral, Gemma, T5), Whisper's head named ``lm_head``, and
+  Flax Llama's head, which it holds as a leaf of its own even when tied.
+
+Ties a Flax port computes instead of storing (GPT-2's ``lm_head`` from
+``wte/embedding``, BART's ``lm_head`` and both ``embed_tokens`` from ``shared``,
+BERT's MLM decoder) have no leaf: they stay aliases, and what ``config.json``
+ties comes back on the way out. Nothing here imports torch or transformers: the
+families are known by ``config.json``'s ``model_type``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
+from jaxshare.internal import split
+
+__all__ = [
+    "JAXSHARE",
+    "LAYOUTS",
+    "MAXTEXT",
+    "TRANSFORMERS_FLAX",
+    "TRANSFORMERS_FLAX_FAMILIES",
+    "Family",
+    "Layout",
+    "as_layout",
+    "detect_layout",
+    "layout_rules",
+    "sinusoidal_positions",
+]
+
+
+def sinusoidal_positions(shape: tuple[int, ...]) -> np.ndarray:
+    """The sinusoidal position table of ``shape`` ``(positions, dim)`` that Pegasus
+    and Marian compute (sines in the first half, cosines in the second), in float32,
+    bit for bit as transformers' PyTorch ``create_weight`` fills it.
+
+    >>> sinusoidal_positions((3, 4))[0].tolist()  # sin 0, sin 0, cos 0, cos 0
+    [0.0, 0.0, 1.0, 1.0]
+    """
+    positions, dim = shape
+    j = np.arange(dim)
+    angle = np.arange(positions)[:, None] / np.power(10000, 2 * (j // 2) / dim)[None, :]
+    sentinel = dim // 2 + dim % 2
+    out = np.empty((positions, dim), np.float32)
+    out[:, :sentinel] = np.sin(angle[:, 0::2])
+    out[:, sentinel:] = np.cos(angle[:, 1::2])
+    return out
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family's Flax port differs from its layout's rules.
+
+    Attributes:
+      model_types: the ``config.json`` ``model_type`` s of the family.
+      rules: rules tried before the layout's own.
+      modules: PyTorch module name -> Flax module name.
+      tied_leaves: PyTorch names the Flax port holds as leaves of their own
+        even when ``config.json`` ties them.
+      untied_leaves: PyTorch names the Flax port holds as leaves of their own
+        when ``config.json`` sets ``tie_word_embeddings: false``, even where the
+        model class ties them all the same (transformers 5's mT5 head).
+      computed: PyTorch tensors the Flax port computes rather than holds, by the
+        end of their name (``embed_positions.weight``), with the function of
+        their shape that computes them: no leaf on the way in (checked against
+        it), written from it on the way out.
+      absent: ``{architecture: PyTorch module names}`` the architecture's PyTorch
+        class holds, unused, and its Flax class lacks (BigBird MLM's pooler):
+        left out on the way in, one warning; missing on the way out, one warning.
+    """
+
+    model_types: tuple[str, ...]
+    rules: tuple[Rule, ...] = ()
+    modules: Mapping[str, str] = field(default_factory=dict)
+    tied_leaves: frozenset[str] = frozenset()
+    untied_leaves: frozenset[str] = frozenset()
+    computed: Mapping[str, Callable[[tuple[int, ...]], np.ndarray]] = field(default_factory=dict)
+    absent: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def leaves_of_their_own(self, config: Mapping[str, Any] | None) -> frozenset[str]:
+        """The tied PyTorch names the Flax port of ``config`` holds as leaves."""
+        untied = (config or {}).get("tie_word_embeddings") is False
+        return self.tied_leaves | (self.untied_leaves if untied else frozenset())
+
+    def computed_by(self, name: str) -> Callable[[tuple[int, ...]], np.ndarray] | None:
+        """What computes the PyTorch tensor ``name`` in the Flax port, if it does."""
+        return next((f for end, f in self.computed.items() if _ends(name, end)), None)
+
+    def absent_from(self, name: str, config: Mapping[str, Any] | None) -> bool:
+        """Whether the PyTorch tensor ``name`` is in a module the Flax class of
+        ``config``'s architecture lacks."""
+        modules = self.absent.get(((config or {}).get("architectures") or [""])[0], ())
+        return any(name.startswith(f"{module}.") for module in modules)
+
+
+def _ends(name: str, end: str) -> bool:
+    return name == end or name.endswith(f".{end}")
+
+
+#: A norm whose Flax port keeps its ``weight`` as ``weight`` (Llama's, T5's RMS norm):
+#: in these families every 1-D ``weight`` is such a norm's.
+_RMS_NORM = Rule("weight", "weight", ndims=(1,))
+
+#: What transformers 4.57's Flax ports do otherwise than the transformers-flax rules.
+TRANSFORMERS_FLAX_FAMILIES: tuple[Family, ...] = (
+    Family(("llama", "mistral"), rules=(_RMS_NORM,), tied_leaves=frozenset({"lm_head.weight"})),
+    Family(("gemma",), rules=(_RMS_NORM,)),
+    Family(
+        ("t5", "mt5", "longt5", "umt5"),
+        rules=(_RMS_NORM,),
+        untied_leaves=frozenset({"lm_head.weight"}),
+    ),
+    Family(("whisper",), modules=MappingProxyType({"proj_out": "lm_head"})),
+    Family(
+        ("pegasus", "marian"),
+        computed=MappingProxyType({"embed_positions.weight": sinusoidal_positions}),
+    ),
+    Family(("big_bird",), absent=MappingProxyType({"BigBirdForMaskedLM": ("bert.pooler",)})),
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A Flax layout: its rules, whether paths start with a collection, and what it
+    knows of each family.
+
+    Attributes:
+      name: what ``layout=`` (and ``--layout``) calls it.
+      rules: the naming and layout rules, in order.
+      collections: whether paths start with the linen collection (``params/``).
+      families: family quirks, found by ``config.json``'s ``model_type``.
+      reshapes: the layout reshapes and rescales tensors, beyond naming and
+        permuting them (MaxText's heads on axes of their own, its scaled query):
+        its files are converted by a source of its own (``bridge.layouts.maxtext``),
+        in ``convert``, ``save_hf`` and ``to_flax`` of files, not by rules.
+
+    >>> TRANSFORMERS_FLAX.family({"model_type": "llama"}).tied_leaves
+    frozenset({'lm_head.weight'})
+    """
+
+    name: str
+    rules: tuple[Rule, ...]
+    collections: bool = True
+    families: tuple[Family, ...] = ()
+    reshapes: bool = False
+
+    def family(self, config: Mapping[str, Any] | None) -> Family | None:
+        """The family of ``config`` (a ``config.json`` dict), ``None`` if none is known."""
+        model_type = (config or {}).get("model_type")
+        return next((f for f in self.families if model_type in f.model_types), None)
+
+    def resolve(self, config: Mapping[str, Any] | None, base: RulesArg = None) -> Rules:
+        """The rules of this layout for the model of ``config``; ``base`` gives the
+        layer tables and list naming (a layout replaces its rule list)."""
+        if self.reshapes:
+            raise ValueError(
+                f"the {self.name} layout reshapes tensors, which naming rules cannot: convert "
+                f"its files with `jaxshare convert --layout {self.name}` (bridge.convert, "
+                "bridge.save_hf), then use the Hugging Face directory or item it writes."
+            )
+        base = as_rules(base)
+        family = self.family(config)
+        return dataclasses.replace(
+            base,
+            rules=(*(family.rules if family else ()), *self.rules),
+            collections=self.collections,
+            modules=family.modules if family else {},
+            tied_leaves=family.leaves_of_their_own(config) if family else frozenset(),
+        )
+
+
+#: jaxshare's own layout (linen variables), the default.
+JAXSHARE = Layout("jaxshare", DEFAULT_RULES)
+
+#: The ``params`` trees of transformers 4.57's Flax models.
+TRANSFORMERS_FLAX = Layout(
+    "transformers-flax",
+    tuple(
+        # FlaxConv1D holds (out, in): GPT-2's Conv1D weight (in, out), transposed.
+        dataclasses.replace(rule, layout="kernel") if rule.layers == ("conv1d",) else rule
+        for rule in DEFAULT_RULES
+    ),
+    collections=False,
+    families=TRANSFORMERS_FLAX_FAMILIES,
+)
+
+#: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
+#: layers/...``, the layers on axis 1), converted by ``bridge.layouts.maxtext``.
+MAXTEXT = Layout("maxtext", DEFAULT_RULES, reshapes=True)
+
+#: The layouts by name.
+LAYOUTS: Mapping[str, Layout] = MappingProxyType(
+    {layout.name: layout for layout in (JAXSHARE, TRANSFORMERS_FLAX, MAXTEXT)}
+)
+
+
+def as_layout(layout: str | Layout) -> Layout:
+    """A layout by name (or itself).
+
+    Raises:
+      ValueError: an unknown name; the message lists the layouts.
+
+    >>> as_layout("transformers-flax").collections
+    False
+    """
+    if isinstance(layout, Layout):
+        return layout
+    found = LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if found is None:
+        raise ValueError(f"`layout` {layout!r} is not one of {', '.join(sorted(LAYOUTS))}.")
+    return found
+
+
+def detect_layout(
+    layout: str | Layout | None,
+    paths: Sequence[str] = (),
+    config: Mapping[str, Any] | None = None,
+) -> Layout | None:
+    """The layout of a Flax tree: ``layout`` when given; else the transformers-flax
+    layout for a tree of ``paths`` with no collection at the top
+    (``transformer/wte/embedding``, not ``params/...``) when a ``config`` says
+    which model it is; else ``None`` (jaxshare's rules, as given).
+
+    >>> detect_layout(None, ["transformer/wte/embedding"], {"model_type": "gpt2"}).name
+    'transformers-flax'
+    >>> detect_layout(None, ["params/wte/embedding"], {"model_type": "gpt2"}) is None
+    True
+    """
+    if layout is not None:
+        return as_layout(layout)
+    top = {split(path)[0] for path in paths}  # (Rendered paths, from the source: split back.)
+    if config is not None and paths and not top & {"params", "batch_stats", "buffers"}:
+        return TRANSFORMERS_FLAX
+    return None
+
+
+def layout_rules(
+    layout: str | Layout | None,
+    rules: RulesArg,
+    config: Mapping[str, Any] | None = None,
+    *,
+    paths: Sequence[str] = (),
+) -> Rules:
+    """The rules a conversion names and places with: those of the layout
+    :func:`detect_layout` finds, for ``config``'s family; else ``rules`` as given.
+
+    >>> tree = ["transformer/wte/embedding"]
+    >>> layout_rules(None, None, {"model_type": "gpt2"}, paths=tree).collections
+    False
+    """
+    found = detect_layout(layout, paths, config)
+    return as_rules(rules) if found is None else found.resolve(config, rules)

@@ -1,0 +1,562 @@
+"""Torch -> Flax placement: where each PyTorch tensor of a source goes in a Flax tree.
+
+Placing reads only names, shapes, layer kinds, ties and a naming record -- never a
+tensor -- and decides, for every name, a Flax path and the PyTorch -> Flax axis
+permutation (a :class:`Slot`), and turns the PyTorch ties into an alias map in
+Flax paths: a :class:`FlaxPlan`. :func:`bridge.to_flax` moves the values after
+it, :func:`bridge.flax_plan` streams them into files after it, and
+:func:`bridge.flax_alias_map` keeps only its ties; all three start from
+:func:`place_source`, so every route places a tensor the same way.
+
+Without a target tree the rules place each tensor (:mod:`bridge.layouts.rules`), or the
+naming record a source carries does, exactly. With one (``like=``), each
+tensor's candidate places are tried in order, each spelled with and without its
+collection and with both list namings; the first path the tree has *with the
+right shape* wins. So the tree settles what names cannot: a square Linear versus
+a GPT-2 ``Conv1D`` weight by shape, ``embedding`` versus ``kernel`` by name,
+linen ``layers_0`` versus ``layers/0``. Every problem is collected and reported
+at once, by name.
+
+Paths are tuples of ``str`` parts here; they are rendered (``'/'``-joined) only
+where they leave: in the alias map, the naming record and the plan.
+
+Nothing here imports torch or, without a target tree, JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bridge.layouts.layout import Family, Layout, as_layout, layout_rules
+from bridge.layouts.rules import (
+    Rules,
+    RulesArg,
+    Target,
+    TorchLeaf,
+    as_rules,
+    candidates,
+    guess_kind,
+    module_variants,
+)
+from bridge.sources.declared import DeclaredTies
+from jaxshare import AliasMap, NamingRecord
+from jaxshare.internal import (
+    Perm,
+    StackedSource,
+    compose,
+    inverse,
+    layer_prefixes,
+    permute_shape,
+    render,
+    split,
+    stack_prefix,
+)
+from jaxshare.stream import Plan, PlanEntry, TensorSource
+
+if TYPE_CHECKING:
+    from bridge.naming.target import TargetTree
+    from bridge.sources.registry import Source
+
+__all__ = [
+    "FlaxPlan",
+    "Slot",
+    "default_slot",
+    "flax_plan",
+    "place",
+    "place_source",
+    "plan_flax",
+    "torch_leaves",
+]
+
+FlaxPath = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor lives in the Flax tree.
+
+    Attributes:
+      path: the Flax path, as a tuple of keys.
+      perm: the PyTorch -> Flax axis permutation.
+      collection: whether ``path`` starts with the collection name.
+      linen: whether ``path`` spells list items linen's way (``layers_0``).
+    """
+
+    path: FlaxPath
+    perm: Perm | None
+    collection: bool = True
+    linen: bool = False
+
+    @property
+    def name(self) -> str:
+        """The path rendered, ``'params/wte/embedding'``."""
+        return render(self.path)
+
+
+def _slot(
+    leaf: TorchLeaf, target: Target, module: FlaxPath, collection: bool, rules: Rules
+) -> Slot:
+    parts = ((target.collection,) if collection else ()) + module + (target.name,)
+    plain = module_variants(leaf.module, False, rules.modules)[0]  # (linen: list items joined)
+    return Slot(parts, target.perm, collection, module != plain)
+
+
+def _spellings(leaf: TorchLeaf, target: Target, rules: Rules) -> list[Slot]:
+    """Every spelling of ``target``'s path: list namings, with and without collection."""
+    modules = module_variants(leaf.module, rules.linen_lists, rules.modules)
+    return [_slot(leaf, target, module, c, rules) for module in modules for c in (True, False)]
+
+
+def default_slot(
+    leaf: TorchLeaf, rules: Rules, *, collection: bool | None = None, linen: bool | None = None
+) -> Slot:
+    """The place of ``leaf`` when no tree decides: its first candidate, spelled
+    with or without the collection (default: as the rules say) and with linen's
+    list naming or not.
+
+    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules()).name
+    'params/h/0/fc/kernel'
+    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules(collections=False)).name
+    'h/0/fc/kernel'
+    """
+    linen = rules.linen_lists if linen is None else linen
+    module = module_variants(leaf.module, linen, rules.modules)[0]
+    collection = rules.collections if collection is None else collection
+    return _slot(leaf, candidates(leaf, rules)[0], module, collection, rules)
+
+
+def place(
+    leaves: list[TorchLeaf],
+    index: Mapping[FlaxPath, tuple[int, ...]],
+    rules: Rules,
+    *,
+    optional: Collection[str] = (),
+    what: str = "`like`",
+) -> tuple[dict[str, Slot], list[str]]:
+    """Places each leaf at a path of ``index`` (``{flax path: shape}``).
+
+    Returns:
+      ``({key: Slot}, problems)``. A leaf in ``optional`` (a tie's alias) with
+      no place is left out silently; any other leaf with no place, a shape that
+      fits no candidate, or two leaves at one path is a problem, named.
+    """
+    slots: dict[str, Slot] = {}
+    taken: dict[FlaxPath, str] = {}
+    problems: list[str] = []
+    for leaf in leaves:
+        tried: list[str] = []
+        found: Slot | None = None
+        for target in _targets(leaf, rules):
+            for slot in _spellings(leaf, target, rules):
+                shape = index.get(slot.path)
+                if shape is None:
+                    continue
+                want = permute_shape(leaf.shape, slot.perm)
+                if tuple(shape) == want:
+                    found = slot
+                    break
+                tried.append(f"{slot.name!r} has shape {tuple(shape)}, not {want}")
+            if found is not None:
+                break
+        if found is None:
+            if tried:
+                problems.append(
+                    f"{leaf.key!r} {tuple(leaf.shape)}: no place with a matching shape: "
+                    + "; ".join(tried)
+                )
+            elif leaf.key not in optional:
+                spelled = [s.name for s in _spellings(leaf, candidates(leaf, rules)[0], rules)]
+                problems.append(
+                    f"{leaf.key!r} has no place in {what} (looked for {spelled[:2]} and "
+                    "other rule candidates)"
+                )
+            continue
+        if found.path in taken:
+            problems.append(f"{leaf.key!r} and {taken[found.path]!r} both go to {found.name!r}")
+            continue
+        taken[found.path] = leaf.key
+        slots[leaf.key] = found
+    return slots, problems
+
+
+def _targets(leaf: TorchLeaf, rules: Rules) -> list[Target]:
+    """The candidates of ``leaf``; for a stack whose axis a target tree is to find,
+    those of every axis the layers can go on, axis 0 first."""
+    if not leaf.stacked or leaf.stack is not None:
+        return candidates(leaf, rules)
+    out: list[Target] = []
+    for axis in range(len(leaf.shape)):
+        out += [t for t in candidates(dataclasses.replace(leaf, stack=axis), rules) if t not in out]
+    return out
+
+
+def torch_leaves(
+    source: TensorSource, rules: Rules, ties: AliasMap | None = None, *, guess: bool = True
+) -> list[TorchLeaf]:
+    """What the rules need to know of each tensor of ``source``: its name, shape
+    (an alias the source does not store takes its canonical's), layer kind (the
+    source's, else -- with ``guess`` -- guessed from the module name) and whether
+    it is a buffer. With a target tree (``like=``) nothing is guessed: its paths and
+    shapes choose among every candidate."""
+    ties = source.ties if ties is None else ties
+    layers = source.layers or {}
+    buffers = getattr(source, "buffers", None)
+    shapes = {name: info.shape for name, info in source.infos.items()}
+    missing = sorted({c for c in ties.values() if c not in shapes})
+    if missing:
+        raise ValueError(
+            f"{source.where}: the ties name canonical(s) {missing[:5]} that are not stored."
+        )
+    for alias, canonical in ties.items():
+        if alias not in shapes:
+            shapes[alias] = permute_shape(shapes[canonical], ties.transform(alias))
+    leaves = []
+    for key, shape in shapes.items():
+        owner = key.rpartition(".")[0]
+        layer = layers.get(owner) or (guess_kind(owner, rules) if guess else None)
+        buffer = None if buffers is None else key in buffers
+        prefix = stack_prefix(key)
+        axis = None if prefix is None else rules.stacks.get(prefix)
+        if axis is not None and axis >= len(shape):
+            raise ValueError(
+                f"{source.where}: --stack-axis {axis} is out of range for {key!r}, whose "
+                f"layers are {len(shape) - 1}-D (the layers can go on axes 0..{len(shape) - 1})."
+            )
+        leaves.append(TorchLeaf(key, tuple(shape), layer, buffer, axis))
+    return leaves
+
+
+@dataclass(frozen=True)
+class FlaxPlan:
+    """Where every tensor of a source goes in Flax, decided from metadata alone:
+    what :func:`place_source` returns.
+
+    Attributes:
+      slots: PyTorch name -> its Flax path and PyTorch -> Flax permutation, for
+        every tensor and alias.
+      stored: PyTorch names whose tensors are stored (canonicals and untied),
+        in the source's order.
+      alias_map: the ties in Flax paths, with their transforms and the naming
+        record of every slot.
+      target: the target tree the tensors were placed in (``like=``), if any.
+      copies: ``{name: (stored name, PyTorch -> Flax permutation)}`` of the tied
+        names the Flax tree holds as leaves of their own (``Rules.tied_leaves``):
+        stored, read from the tensor they are tied to.
+      reads: the source the names are of, where it is not the one placed: its
+        per-layer tensors stacked (a name with ``{i}`` is a stack of layers,
+        ``(L, *layer)``, see :class:`jaxshare.internal.StackedSource`).
+    """
+
+    slots: dict[str, Slot]
+    stored: list[str]
+    alias_map: AliasMap
+    target: TargetTree | None = None
+    copies: dict[str, tuple[str, Perm | None]] = dataclasses.field(default_factory=dict)
+    reads: TensorSource | None = None
+
+    def source_of(self, key: str) -> tuple[str, Perm | None]:
+        """The stored tensor a stored name is read from, and the permutation from its
+        layout to the name's Flax leaf."""
+        return self.copies.get(key, (key, self.slots[key].perm))
+
+    def plan(self, source: TensorSource) -> Plan:
+        """The streaming plan: each stored tensor of ``source`` written at its Flax
+        path, in its Flax layout; the plan's alias map carries the naming record.
+        (Stacked layers are read from :attr:`reads`.)"""
+        source = self.reads or source
+        entries = []
+        for key in self.stored:
+            base, perm = self.source_of(key)
+            info = source.infos[base].permuted(perm)
+            entries.append(PlanEntry(self.slots[key].name, base, perm, info))
+        return Plan(tuple(entries), self.alias_map)
+
+
+def place_source(
+    source: TensorSource,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    ties: AliasMap | None = None,
+    layout: str | Layout | None = None,
+) -> FlaxPlan:
+    """Places every tensor of an opened ``source`` in Flax paths (in ``like``, a
+    target tree, when given), with ``ties`` (default: the source's own), by the
+    rules of ``layout`` for the source's model (its ``config``) or by ``rules``."""
+    config = getattr(source, "config", None)
+    rules = layout_rules(layout, rules, config)
+    target = None
+    if like is not None:
+        from bridge.naming.target import target_tree  # (JAX: `like` is a Flax tree.)
+
+        target = target_tree(like)
+    given = source
+    source = stack_layers(source, rules, None if target is None else target.index, ties)
+    if source is not given and ties is not None:
+        ties = source.ties  # (The given ties, the layers stacked: see `stack_layers`.)
+    ties = source.ties if ties is None else ties
+    family = None if layout is None else as_layout(layout).family(config)
+    left_out = set() if family is None else _left_out(source, family, config)
+    if left_out:
+        kept = {a: c for a, c in ties.items() if a not in left_out and c not in left_out}
+        transforms = {a: p for a, p in ties.transforms.items() if a in kept}
+        ties = AliasMap(kept, transforms=transforms, naming=ties.naming)
+    leaves = torch_leaves(source, rules, ties, guess=target is None)
+    leaves = [leaf for leaf in leaves if leaf.key not in left_out]
+    plan = plan_flax(leaves, ties, target, rules, ties.naming)
+    return plan if source is given else dataclasses.replace(plan, reads=source)
+
+
+def stack_layers(
+    source: TensorSource,
+    rules: Rules,
+    index: Mapping[FlaxPath, tuple[int, ...]] | None = None,
+    ties: AliasMap | None = None,
+) -> TensorSource:
+    """``source`` with the per-layer tensors of scanned layers stacked, under the
+    prefixes that ``rules.stacks`` names, that the source's naming record stacks
+    (a file jaxshare wrote from a scanned tree), or -- given a target tree's
+    ``index`` -- whose stacked leaf the tree has where it lacks each layer's;
+    ``source`` itself when there are none. ``ties`` (default: the source's own)
+    become the stacked source's."""
+    if source.flax_named:
+        return source
+    naming = (source.ties if ties is None else ties).naming
+    prefixes = set(rules.stacks)
+    if naming:
+        prefixes |= {p for n in naming.values() if (p := stack_prefix(n.torch)) is not None}
+    if index is not None:
+        prefixes |= _stacked_in(source, rules, index)
+    if not prefixes:
+        return source
+    if ties is not None and ties is not source.ties:
+        source = DeclaredTies(source, ties)  # (A caller's merged ties, checked already.)
+    return StackedSource(source, prefixes)
+
+
+def _stacked_in(
+    source: TensorSource, rules: Rules, index: Mapping[FlaxPath, tuple[int, ...]]
+) -> set[str]:
+    """The module prefixes of ``source`` whose numbered layers a target tree holds as
+    stacks: it has a stacked leaf's path for them, and no layer's own."""
+    found: set[str] = set()
+    for head in layer_prefixes(source.infos):
+        try:
+            trial = StackedSource(source, [head])
+        except ValueError:
+            continue  # (Not layers of one shape: placed one by one, and reported so.)
+        for leaf in torch_leaves(trial, rules, guess=False):
+            if stack_prefix(leaf.key) != head:
+                continue
+            member = trial.members(leaf.key)
+            assert member is not None
+            owner = member[0].rpartition(".")[0]
+            own = TorchLeaf(
+                member[0], source.infos[member[0]].shape, (source.layers or {}).get(owner)
+            )
+            if any(
+                slot.path in index
+                for t in candidates(own, rules)
+                for slot in _spellings(own, t, rules)
+            ):
+                break
+            if any(
+                slot.path in index
+                for t in _targets(leaf, rules)
+                for slot in _spellings(leaf, t, rules)
+            ):
+                found.add(head)
+                break
+    return found
+
+
+def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | None) -> set[str]:
+    """The tensors of ``source`` that ``family``'s Flax port has no leaf for: those it
+    computes (each checked against what it computes: a stored table that differs is
+    one warning line, as its values are lost), and those of modules its Flax class
+    lacks (one warning line naming them)."""
+    computed, absent = set(), []
+    for name, info in source.infos.items():
+        compute = family.computed_by(name)
+        if compute is not None:
+            computed.add(name)
+            want, got = compute(info.shape), source.array(name)
+            if not np.array_equal(want.astype(got.dtype), got):
+                delta = np.max(np.abs(want.astype(np.float64) - got.astype(np.float64)))
+                warnings.warn(
+                    f"{source.where}: {name!r} is left out, as the Flax model computes it, "
+                    f"but the stored values differ from what it computes (max |Δ| = "
+                    f"{delta:.3g}); they are lost.",
+                    stacklevel=4,
+                )
+        elif family.absent_from(name, config):
+            absent.append(name)
+    if absent:
+        arch = ((config or {}).get("architectures") or ["?"])[0]
+        warnings.warn(
+            f"{source.where}: {', '.join(map(repr, absent))} are left out: the Flax port of "
+            f"{arch} has no such module (the PyTorch class holds it unused).",
+            stacklevel=4,
+        )
+    return computed | set(absent)
+
+
+def plan_flax(
+    leaves: list[TorchLeaf],
+    aliases: AliasMap,
+    like: TargetTree | None,
+    rules: Rules,
+    naming: NamingRecord | None = None,
+) -> FlaxPlan:
+    """Places every leaf in Flax paths and turns the PyTorch ties into an alias map.
+
+    Without ``like`` a recorded ``naming`` (a file jaxshare wrote from Flax)
+    places each leaf exactly; otherwise the rules do. An alias with no place in
+    ``like`` (or whose layer is unknown) takes its canonical's Flax leaf name
+    and layout at its own module path; one whose layer is known takes the
+    rules' name for it.
+    """
+    groups: dict[str, list[str]] = {}
+    for alias, canonical in aliases.items():
+        groups.setdefault(canonical, [canonical]).append(alias)
+    order = {leaf.key: i for i, leaf in enumerate(leaves)}
+    tied = {k for members in groups.values() for k in members}
+    problems: list[str] = []
+    recorded = _recorded_slots(naming, leaves) if like is None else None
+    if recorded is not None:
+        slots = recorded
+    elif like is None:
+        # Each tie's first name, and every untied or typed name, by the rules; the
+        # other names of a tie follow their canonical below.
+        firsts = {min(members, key=order.__getitem__) for members in groups.values()}
+        slots = {
+            leaf.key: default_slot(leaf, rules)
+            for leaf in leaves
+            if leaf.key not in tied or leaf.key in firsts or leaf.layer is not None
+        }
+    else:
+        slots, problems = place(leaves, like.index, rules, optional=tied)
+    by_key = {leaf.key: leaf for leaf in leaves}
+    amap: dict[str, str] = {}
+    transforms: dict[str, Perm | None] = {}
+    alias_keys: set[str] = set()
+    copies: dict[str, tuple[str, Perm | None]] = {}
+    for members in groups.values():
+        members.sort(key=order.__getitem__)
+        # The canonical is the first name placed at a leaf the result holds (not at a
+        # path an NNX graph reaches a shared Variable by, which its state drops).
+        kept = like.shapes if like is not None else {slot.path for slot in slots.values()}
+        placed = sorted((k for k in members if k in slots), key=lambda k: slots[k].path not in kept)
+        if not placed:
+            problems.append(f"none of the tied names {members} has a place in `like`")
+            continue
+        canonical = slots[placed[0]]
+        # Each member m is T(root, t_m) in PyTorch (t_m its own transform, the root
+        # being the tie's PyTorch canonical) and T(root, P_m) in Flax, P_m = slot_m . t_m;
+        # so the Flax alias m is T(flax canonical c, P_m . P_c^-1).
+        from_root = inverse(_root_perm(canonical, placed[0], aliases))
+        for key in members:
+            if key == placed[0]:
+                continue
+            if key not in slots:  # No place: the tie stays in the alias map.
+                slots[key] = _alias_slot(by_key[key], canonical, by_key[placed[0]].name, rules)
+            slot = slots[key]
+            if key in rules.tied_leaves and key in aliases and like is None:
+                # A leaf of its own all the same: written out from the tensor it is tied to.
+                copies[key] = (aliases[key], _root_perm(slot, key, aliases))
+                continue
+            alias_keys.add(key)
+            amap[slot.name] = canonical.name
+            transforms[slot.name] = compose(_root_perm(slot, key, aliases), from_root)
+    taken: dict[FlaxPath, str] = {}
+    for key, slot in slots.items():  # (`place` has reported collisions among placed tensors)
+        other = taken.setdefault(slot.path, key)
+        if other != key:
+            problems.append(f"{other!r} and {key!r} both go to {slot.name!r}")
+    if like is not None:
+        empty = [f"{render(p)!r} {s}" for p, s in like.shapes.items() if p not in taken]
+        if empty:
+            problems.append(f"`like` has leaves no tensor fills: {', '.join(empty[:10])}")
+    if problems:
+        raise ValueError(
+            f"cannot place the PyTorch tensors in {'Flax paths' if like is None else '`like`'}:"
+            + "".join(f"\n  {p}" for p in problems)
+            + "\nPass `like=` the tree the Flax model expects (e.g. `jax.eval_shape` of its "
+            "init), the module instead of its state dict (its layer types decide), or "
+            "`rules=` naming what the defaults do not know."
+        )
+    stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
+    record = NamingRecord(
+        {slots[leaf.key].name: (leaf.key, slots[leaf.key].perm) for leaf in leaves}
+    )
+    alias_map = AliasMap(amap, transforms=transforms, naming=record)
+    return FlaxPlan(slots, stored, alias_map, like, copies)
+
+
+def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
+    """The permutation from a tie's PyTorch canonical to ``key``'s Flax value."""
+    return compose(slot.perm, aliases.transform(key) if key in aliases else None)
+
+
+def _alias_slot(leaf: TorchLeaf, canonical: Slot, canonical_leaf: str, rules: Rules) -> Slot:
+    """The place of an alias that nothing else places: the rules' name for its layer
+    when the layer is known (or its module name tells it: ``lm_head``); else, when it
+    has its canonical's leaf name (``decoder.weight`` tied to ``encoder.weight``), the
+    canonical's Flax leaf name and layout at its own module path; else (a parameter
+    registered twice, even in one module: ``self.b = self.a``, ``lin.weight2 =
+    lin.weight``) a Flax name of its own."""
+    own = {"collection": canonical.collection, "linen": canonical.linen}
+    kind = leaf.layer or guess_kind(".".join(leaf.module), rules)
+    if kind is not None:
+        return default_slot(dataclasses.replace(leaf, layer=kind), rules, **own)
+    if leaf.name != canonical_leaf:
+        return default_slot(leaf, rules, **own)
+    module = module_variants(leaf.module, canonical.linen, rules.modules)[0]
+    prefix = canonical.path[:1] if canonical.collection else ()
+    parts = prefix + module + canonical.path[-1:]
+    return Slot(parts, canonical.perm, canonical.collection, canonical.linen)
+
+
+def _recorded_slots(naming: NamingRecord | None, leaves: list[TorchLeaf]) -> dict[str, Slot] | None:
+    """The slots a naming record gives, when it names every leaf; else ``None``."""
+    if not naming:
+        return None
+    by_torch = {n.torch: (path, n.permute) for path, n in naming.items()}
+    if any(leaf.key not in by_torch for leaf in leaves):
+        return None
+    return {leaf.key: Slot(split(by_torch[leaf.key][0]), by_torch[leaf.key][1]) for leaf in leaves}
+
+
+def flax_plan(
+    source: Source,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+) -> Plan:
+    """Where each tensor of a PyTorch-named source goes in Flax: its path, layout
+    and ties, as :func:`bridge.to_flax` would place it, without reading a tensor.
+
+    The plan's alias map (Flax paths) carries the naming record; ``layout``
+    (``"jaxshare"``, ``"transformers-flax"``) as in :func:`bridge.to_flax`.
+
+    >>> import torch
+    >>> sd = {"wte.weight": torch.zeros(10, 4), "lm_head.weight": torch.zeros(4, 4)}
+    >>> for e in flax_plan(sd).entries:
+    ...     print(e.name, e.source, e.perm)
+    params/wte/embedding wte.weight None
+    params/lm_head/kernel lm_head.weight (1, 0)
+    """
+    from bridge.sources.registry import opened
+
+    rules = as_rules(rules)
+    with opened(source, rules) as src:
+        return place_source(src, like=like, rules=rules, layout=layout).plan(src)

@@ -1,0 +1,70 @@
+"""A Flax-named source placed in a Flax layout: as it is, or through its PyTorch names.
+
+A Flax model's own files (``flax_model.msgpack``) and Orbax items are Flax-named
+already. Placed in the layout they are in (their paths and ``config.json`` show
+it: :func:`bridge.detect_layout`), every tensor stays where it is; placed in
+another layout, or in a target tree (``like=``), they are named in PyTorch first
+(:func:`bridge.torch_plan`, by their own layout) and placed from there, each
+tensor read and transposed once, when it is written. Nothing here imports torch
+or JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bridge.layouts.layout import JAXSHARE, Layout, as_layout, detect_layout
+from bridge.layouts.maxtext import maxtext_view
+from bridge.layouts.rules import Rules
+from bridge.naming.flax_placement import FlaxPlan, Slot, place_source
+from bridge.naming.torch_naming import torch_plan
+from jaxshare import AliasMap
+from jaxshare.internal import PlannedSource, split
+from jaxshare.stream import TensorSource
+
+__all__ = ["place_any"]
+
+
+def place_any(
+    source: TensorSource, *, like: Any, rules: Rules, layout: str | Layout | None
+) -> tuple[FlaxPlan, TensorSource]:
+    """The placement of any ``source`` in Flax paths, and the source it reads: a
+    PyTorch-named one by :func:`place_source`; a Flax-named one as it is, when it is
+    in the layout asked for (``layout`` unset or its own, no ``like``), else through
+    its PyTorch names."""
+    if layout is not None and as_layout(layout).reshapes:  # MaxText: a view of its own.
+        if like is not None:
+            raise ValueError(
+                f"`like=` places by rules, which the {as_layout(layout).name} layout is not."
+            )
+        source = source if source.flax_named else maxtext_view(source)
+        slots = {name: Slot(split(name), None) for name in [*source.infos, *source.ties]}
+        return FlaxPlan(
+            slots, [n for n in source.infos if n not in source.ties], source.ties
+        ), source
+    if source.flax_named:
+        kept = _kept_as_is(source, like, layout)
+        if kept is not None:
+            return kept, source
+        source = _in_torch_names(source, rules)
+    placed = place_source(source, like=like, rules=rules, layout=layout)
+    return placed, placed.reads or source
+
+
+def _kept_as_is(source: TensorSource, like: Any, layout: str | Layout | None) -> FlaxPlan | None:
+    found = detect_layout(None, list(source.infos), getattr(source, "config", None))
+    if like is not None or (layout is not None and as_layout(layout) is not (found or JAXSHARE)):
+        return None
+    slots = {name: Slot(split(name), None) for name in [*source.infos, *source.ties]}
+    stored = [name for name in source.infos if name not in source.ties]
+    return FlaxPlan(slots, stored, source.ties)
+
+
+def _in_torch_names(source: TensorSource, rules: Rules) -> TensorSource:
+    """``source`` in PyTorch names, its tensors read (and transposed) one at a time,
+    its ties without the naming record, which would place them back where they were."""
+    plan = torch_plan(source, rules=rules)
+    amap = plan.alias_map
+    ties = AliasMap(dict(amap), transforms=dict(amap.transforms))
+    return PlannedSource(source, dataclasses.replace(plan, alias_map=ties))

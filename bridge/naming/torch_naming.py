@@ -1,0 +1,432 @@
+"""Flax -> torch naming: the PyTorch name and layout of every leaf of a Flax tree.
+
+Naming reads only paths, shapes, the alias map and its naming record -- never an
+array -- and decides, for every Flax path, the PyTorch name and the PyTorch ->
+Flax permutation its tensor is stored with: a :class:`TorchPlan`.
+:func:`bridge.to_torch` moves the values after it, :func:`bridge.torch_plan`
+streams them into files after it (an Orbax item to safetensors or a Hugging Face
+directory), and :func:`bridge.torch_alias_map` keeps only its ties.
+
+A naming record (what a conversion from PyTorch recorded) names each leaf
+exactly; otherwise the rules do (:mod:`bridge.layouts.rules`), or a target module or
+state dict (``like=``), whose names and layer types decide. This module never
+imports torch: ``jaxshare convert ckpt out.safetensors --names torch`` names an
+Orbax item's arrays without paying for torch's import. Only naming after a live
+module (``like=``) touches torch, through that module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bridge.layouts.layout import Layout, layout_rules
+from bridge.layouts.rules import Rules, RulesArg, as_rules, torch_name
+from bridge.naming.flax_placement import place, stack_layers, torch_leaves
+from jaxshare import AliasMap, NamingRecord
+from jaxshare.internal import (
+    Perm,
+    as_alias_map,
+    compose,
+    inverse,
+    is_nnx_module,
+    is_nnx_state,
+    is_variable,
+    nest,
+    permute_shape,
+    render,
+    render_part,
+    split,
+    variable_value,
+)
+from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
+
+if TYPE_CHECKING:
+    from bridge.sources.registry import Source
+
+__all__ = [
+    "TorchPlan",
+    "flax_variables",
+    "model_config",
+    "plan_torch",
+    "torch_alias_map",
+    "torch_aliases",
+    "torch_plan",
+]
+
+
+_NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
+
+
+@dataclass(frozen=True)
+class _FlaxLeaf:
+    path: str  # the rendered path: the leaf's name in alias maps and naming records
+    full: tuple[str, ...]  # the path as a tuple
+    parts: tuple[str, ...]  # the path without its collection
+    collection: str | None  # None: the tree has no collections
+    value: Any  # the array (a _Shape for an alias the tree does not hold)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Stands in for an alias's array that the tree does not hold."""
+
+    shape: tuple[int, ...]
+
+
+def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
+    """Every array of ``tree`` in insertion order, with its collection."""
+    # Linen variables have their collections at the top; NNX Variables carry theirs.
+    top = list(tree) if isinstance(tree, Mapping) else []
+    collections = (
+        not is_nnx_state(tree)
+        and bool(top)
+        and ("params" in top or all(k in {"batch_stats", "buffers"} for k in top))
+    )
+    out: list[_FlaxLeaf] = []
+
+    def visit(node: Any, keys: tuple[Any, ...]) -> None:
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                visit(child, (*keys, key))
+            return
+        if node is None:
+            return
+        full = tuple(render_part(key, keys) for key in keys)
+        path = render(full)
+        if is_variable(node):
+            collection = _NNX_COLLECTIONS.get(type(node).__name__, type(node).__name__.lower())
+            parts, value = full, variable_value(node)
+        elif collections:
+            collection, parts, value = full[0], full[1:], node
+        else:
+            collection, parts, value = None, full, node
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"`variables` leaf {path!r} is a {type(value).__name__}, not an array.")
+        out.append(_FlaxLeaf(path, full, parts, collection, value))
+
+    visit(tree, ())
+    return out
+
+
+@dataclass(frozen=True)
+class TorchPlan:
+    """The PyTorch name of every leaf of a Flax tree, decided from metadata alone:
+    what :func:`plan_torch` returns.
+
+    Attributes:
+      names: Flax path -> ``(PyTorch name, PyTorch -> Flax permutation)``, for
+        every leaf and alias that has a PyTorch name.
+      leaves: Flax path -> the leaf (an alias the tree does not hold stands in
+        with its shape).
+      alias_map: the ties, in Flax paths.
+      order: the Flax paths in output order.
+      like_keys: the output's names in order, when a target (``like=``) gave them.
+      fills: ``{PyTorch name: PyTorch name}`` of the names ``like`` ties to another
+        that no Flax leaf holds (a head the Flax model computes from the
+        embedding): each is that tensor again.
+    """
+
+    names: dict[str, tuple[str, Perm | None]]
+    leaves: dict[str, _FlaxLeaf]
+    alias_map: AliasMap
+    order: list[str]
+    like_keys: list[str] | None
+    fills: dict[str, str] = field(default_factory=dict)
+
+    def plan(self) -> Plan:
+        """The streaming plan: each stored Flax path written under its PyTorch
+        name, in PyTorch layout. Its alias map is in PyTorch names: a tie whose
+        layouts cancel is an identical alias (stored once), one whose layouts
+        differ an alias with a transform; its naming record maps the Flax paths
+        to the PyTorch names."""
+        flax_ties = self.alias_map
+        entries = []
+        for path in self.order:
+            if path in flax_ties:
+                continue
+            name, perm = self.names[path]
+            back = inverse(perm)
+            info = self.leaves[path].value
+            shape = permute_shape(tuple(info.shape), back)
+            entries.append(PlanEntry(name, path, back, ArrayInfo(shape, str(info.dtype))))
+        aliases: dict[str, str] = {}
+        transforms: dict[str, Any] = {}
+        for alias, canonical in flax_ties.items():
+            if alias not in self.names:
+                continue  # `like` has no place for it: PyTorch has no name for it.
+            (a_name, a_perm), (c_name, c_perm) = self.names[alias], self.names[canonical]
+            # torch alias = T(flax alias, a^-1) = T(flax canonical, a^-1 . t), and
+            # flax canonical = T(torch canonical, c).
+            aliases[a_name] = c_name
+            transforms[a_name] = compose(
+                compose(inverse(a_perm), flax_ties.transform(alias)), c_perm
+            )
+        aliases.update(self.fills)
+        naming = NamingRecord({p: self.names[p] for p in self.order})
+        return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
+
+
+def plan_torch(
+    tree: Any,
+    amap: AliasMap,
+    like: Source | None,
+    rules: Rules,
+    filled_by_map: Collection[str] = (),
+) -> TorchPlan:
+    """Names every leaf (and alias) of ``tree``. With ``like``, its names are the
+    output's: each must be placed, but for ``filled_by_map`` (the aliases of a
+    PyTorch-named map, filled afterwards)."""
+    flat = _flax_leaves(tree)
+    leaves = {leaf.path: leaf for leaf in flat}
+    missing = sorted({c for c in amap.values() if c not in leaves})
+    if missing:
+        raise ValueError(
+            f"`variables` has no array at canonical path(s) {missing[:5]} named by the alias "
+            "map; was the map made for another tree?"
+        )
+    held = [a for a in amap if a in leaves]
+    if held:  # The tree holds aliases too: each must be its canonical (transformed).
+        from jaxshare import dedupe  # (JAX: the tree holds arrays.)
+
+        try:
+            dedupe(
+                tree,
+                AliasMap(
+                    {a: amap[a] for a in held}, transforms={a: amap.transform(a) for a in held}
+                ),
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"`variables` and the alias map disagree, so one PyTorch tensor cannot hold "
+                f"both names of a tie ({e}). Were the copies trained apart? Train with a "
+                "`jaxshare.Tied`, or pass an alias map without these ties."
+            ) from None
+    for alias, canonical in amap.items():
+        c = leaves[canonical]
+        shape = permute_shape(tuple(c.value.shape), amap.transform(alias))
+        if alias not in leaves:
+            full = split(alias)  # (A name from the alias map: an edge.)
+            if c.parts != c.full:  # The tree has collections.
+                collection, parts = full[0], full[1:]
+            else:
+                collection, parts = c.collection, full
+            leaves[alias] = _FlaxLeaf(alias, full, parts, collection, _Shape(shape))
+    present = {leaf.path for leaf in flat}
+    order = [leaf.path for leaf in flat] + sorted(a for a in amap if a not in present)
+    names: dict[str, tuple[str, Perm | None]] = {}
+    like_keys = None
+    fills: dict[str, str] = {}
+    if like is None:
+        record = amap.naming or NamingRecord()
+        for path in order:
+            leaf = leaves[path]
+            ndim = len(leaf.value.shape)
+            recorded = record.get(path)
+            if recorded is None:
+                names[path] = torch_name(leaf.parts, ndim, leaf.collection, rules)
+            elif recorded.permute is not None and len(recorded.permute) != ndim:
+                raise ValueError(
+                    f"{path!r} has shape {tuple(leaf.value.shape)}, but the naming record "
+                    f"permutes it by {list(recorded.permute)}: the tree is not the one the "
+                    "record was made for."
+                )
+            else:
+                names[path] = recorded
+    else:
+        from bridge.sources.registry import open_source
+
+        index = {leaf.full: tuple(leaf.value.shape) for leaf in leaves.values()}
+        # Layers the tree holds stacked (a scanned model's) are named as stacks.
+        target = stack_layers(open_source(like, rules, arg="like"), rules, index)
+        torch_side = torch_leaves(target, rules, guess=False)
+        # A name `like` ties to another needs no leaf: the Flax model may compute it
+        # (an `attend` head, Hugging Face's tied heads); it is that tensor again.
+        optional = {*filled_by_map, *target.ties}
+        slots, problems = place(torch_side, index, rules, optional=optional, what="`variables`")
+        fills = {a: c for a, c in target.ties.items() if a not in slots and c in slots}
+        claimed = {s.name for s in slots.values()}
+        unclaimed = [p for p in order if p not in claimed and p not in amap]
+        if unclaimed:
+            problems.append(f"leaves of `variables` with no name in `like`: {unclaimed[:10]}")
+        if problems:
+            raise ValueError(
+                "cannot name the Flax leaves after `like`:\n  "
+                + "\n  ".join(problems)
+                + "\nCheck that `variables` belong to this model, or pass `rules=` (scanned "
+                "layers, one leaf per weight for all layers: `--stack PREFIX`, "
+                "`Rules(stacks=...)`; see docs/scanned.md)."
+            )
+        names = {s.name: (key, s.perm) for key, s in slots.items()}
+        order = [slots[leaf.key].name for leaf in torch_side if leaf.key in slots]
+        like_keys = [leaf.key for leaf in torch_side if leaf.key in slots or leaf.key in fills]
+    seen: dict[str, str] = {}
+    for path in order:
+        key = names[path][0]
+        if key in seen:
+            raise ValueError(
+                f"{path!r} and {seen[key]!r} both map to the PyTorch name {key!r}; pass "
+                "`rules=` (or `like=`) that tell them apart."
+            )
+        seen[key] = path
+    return TorchPlan(names, leaves, amap, order, like_keys, fills)
+
+
+def torch_plan(
+    source: TensorSource,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> Plan:
+    """How each array of a Flax-named source is named and laid out in PyTorch, as
+    :func:`bridge.to_torch` would, without reading an array.
+
+    A naming record the source carries (a conversion's) decides names and
+    layouts exactly; otherwise the rules do (or ``like``, a module or state
+    dict). The plan's alias map is in PyTorch names: a tie whose layouts cancel
+    is an identical alias (stored once), one whose layouts differ an alias with
+    a transform; its naming record maps the Flax paths to the PyTorch names.
+
+    The rules are ``layout`` 's for the model of ``config`` (default: the
+    source's own ``config``, an item's ``config.json`` asset); without a layout,
+    a tree with no collection at the top (``transformer/...``, not ``params/...``)
+    and a config is in the transformers-flax layout.
+
+    >>> import jax.numpy as jnp, tempfile
+    >>> from jaxshare import checkpoint
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(path, {"params": {"wte": {"embedding": jnp.zeros((10, 4))}}})
+    >>> [(e.name, e.source, e.perm) for e in torch_plan(checkpoint.open_source(path)).entries]
+    [('wte.weight', 'params/wte/embedding', None)]
+    """
+    config = config if config is not None else getattr(source, "config", None)
+    if source.ties.naming is None:  # (A naming record names every leaf exactly.)
+        rules = layout_rules(layout, rules, config, paths=list(source.infos))
+    rules = as_rules(rules)
+    flax_ties = source.ties
+    stored = {p: info for p, info in source.infos.items() if p not in flax_ties}
+    return plan_torch(nest(stored), flax_ties, like, rules).plan()
+
+
+def torch_aliases(aliases: Any, arg: str) -> AliasMap:
+    """A DeepSpeed-style ``{alias: canonical}`` in PyTorch names, checked, as an
+    ``AliasMap`` (a PyTorch name is one path part: it has no ``'/'``).
+
+    >>> torch_aliases({"lm_head.weight": "wte.weight"}, "aliases")
+    AliasMap({'lm_head.weight': 'wte.weight'})
+    """
+    if not isinstance(aliases, Mapping):
+        raise TypeError(
+            f"`{arg}` must be a mapping of PyTorch names, got {type(aliases).__name__}."
+        )
+    slashed = [k for k in [*aliases, *aliases.values()] if not isinstance(k, str) or "/" in k]
+    if slashed:
+        raise ValueError(
+            f"`{arg}` must name PyTorch tensors ('a.b.weight'); {slashed[0]!r} is not one."
+        )
+    return aliases if isinstance(aliases, AliasMap) else AliasMap(aliases)
+
+
+def _is_torch_map(alias_map: Mapping[str, str]) -> bool:
+    """A DeepSpeed-style map names PyTorch tensors: dots, no slashes."""
+    names = [*alias_map, *alias_map.values()]
+    return bool(names) and not any("/" in n for n in names) and any("." in n for n in names)
+
+
+def flax_variables(
+    variables: Any, alias_map: Mapping[str, str] | None
+) -> tuple[Any, AliasMap, AliasMap | None]:
+    """What :func:`bridge.to_torch` is given, taken apart: ``(tree, the ties in Flax
+    paths, the ties in PyTorch names or None)``.
+
+    ``variables`` is a Flax mapping, a ``Tied`` or an ``nnx.Module``;
+    ``alias_map`` names Flax paths or, DeepSpeed's way, PyTorch names. Arrays that
+    are one object in the tree, and an NNX module's shared Variables, are ties
+    too, on the paths the given map leaves free.
+    """
+    from jaxshare import Tied, find_shared  # (JAX: a tree of arrays.)
+
+    torch_map = None
+    if alias_map is not None and _is_torch_map(alias_map):
+        torch_map, alias_map = torch_aliases(alias_map, "alias_map"), None
+    given = None if alias_map is None else as_alias_map(alias_map)
+    if isinstance(variables, Tied):
+        return variables.unique, _merge(given, variables.alias_map), torch_map
+    if is_nnx_module(variables):
+        from flax import nnx
+
+        return nnx.state(variables), _merge(given, find_shared(variables)), torch_map
+    if not isinstance(variables, Mapping):
+        raise TypeError(
+            "`variables` must be a Flax variables or params mapping, a jaxshare.Tied or an "
+            f"nnx.Module, got {type(variables).__name__}."
+        )
+    return variables, _merge(given, find_shared(variables, is_leaf=is_variable)), torch_map
+
+
+def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
+    """``primary``'s ties plus those of ``extra`` on paths ``primary`` leaves free."""
+    if primary is None:
+        return extra
+    pairs = dict(primary.items())
+    for alias, canonical in extra.items():
+        if alias not in pairs and canonical not in pairs:
+            pairs[alias] = canonical
+    return AliasMap(pairs, transforms=primary.transforms, naming=primary.naming or extra.naming)
+
+
+def torch_alias_map(
+    alias_map: Mapping[str, str],
+    variables: Any,
+    /,
+    *,
+    like: Source | None = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+) -> dict[str, str]:
+    """An ``AliasMap`` in Flax paths as PyTorch ``{alias: canonical}`` -- the shape
+    of DeepSpeed's ``shared_params``.
+
+    Args:
+      alias_map: the ties in Flax paths.
+      variables: the tree they belong to (shapes decide the PyTorch layouts).
+      like, rules, layout: as in :func:`bridge.to_torch`.
+
+    Raises:
+      ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
+        express (it would be a permuted view, not the same tensor).
+
+    >>> import jax.numpy as jnp
+    >>> from jaxshare import AliasMap
+    >>> variables = {"params": {"wte": {"embedding": jnp.zeros((4, 2))}}}
+    >>> head = AliasMap({"params/head/kernel": "params/wte/embedding"},
+    ...                 transforms={"params/head/kernel": (1, 0)})
+    >>> torch_alias_map(head, variables)
+    {'head.weight': 'wte.weight'}
+    """
+    rules = layout_rules(layout, rules, model_config(like))
+    tree, amap, _ = flax_variables(variables, alias_map)
+    plan = plan_torch(tree, amap, like, rules)
+    out: dict[str, str] = {}
+    for alias, canonical in plan.alias_map.items():
+        if alias not in plan.names or canonical not in plan.names:
+            continue
+        key_a, perm_a = plan.names[alias]
+        key_c, perm_c = plan.names[canonical]
+        if compose(compose(inverse(perm_a), plan.alias_map.transform(alias)), perm_c) is not None:
+            raise ValueError(
+                f"alias {alias!r} of {canonical!r}: their PyTorch tensors {key_a!r} and "
+                f"{key_c!r} differ in layout, so PyTorch cannot tie them by name."
+            )
+        out[key_a] = key_c
+    return out
+
+
+def model_config(model: Any) -> Mapping[str, Any] | None:
+    """The ``config.json`` of a transformers model (``like=``), if it is one."""
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    return to_dict() if callable(to_dict) else None

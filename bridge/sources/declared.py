@@ -1,0 +1,188 @@
+"""Ties declared for a source that records none (a PyTorch DCP folder), checked by content.
+
+DCP stores a tied pair twice and says nothing of the tie. The ties come from the
+user instead -- ``--tie ALIAS=CANONICAL``, or ``--config config.json`` with the
+same config-tie logic as Hugging Face directories (the model class on the meta
+device, else the table) -- and each is held against the stored values before it
+is deduplicated: two names whose bytes differ are not one tensor, and saying so
+is one line naming both, with the largest difference. Equal values alone never
+make a tie (a LayerNorm's weight of ones equals another's and is not tied).
+Nothing here imports torch; a config's model class is built on the meta device
+only where transformers is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bridge.hf.config import config_dict, config_ties
+from bridge.layouts.rules import Rules
+from jaxshare import AliasMap
+from jaxshare.formats import CONFIG_FILE
+from jaxshare.internal import same_bytes
+from jaxshare.stream import TensorSource
+
+__all__ = ["DeclaredTies", "declare_ties", "parse_tie", "tie_map"]
+
+
+def parse_tie(text: str) -> tuple[str, str]:
+    """``'ALIAS=CANONICAL'`` (PyTorch names) as a pair.
+
+    Raises:
+      ValueError: anything else, one line.
+
+    >>> parse_tie("lm_head.weight=model.embed_tokens.weight")
+    ('lm_head.weight', 'model.embed_tokens.weight')
+    """
+    alias, eq, canonical = text.partition("=")
+    alias, canonical = alias.strip(), canonical.strip()
+    if not eq or not alias or not canonical or alias == canonical or "/" in text:
+        raise ValueError(
+            f"--tie takes ALIAS=CANONICAL, two PyTorch names (lm_head.weight="
+            f"model.embed_tokens.weight), got {text!r}."
+        )
+    return alias, canonical
+
+
+def tie_map(ties: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
+    """``{alias: canonical}`` of ties given as a mapping or as ``"ALIAS=CANONICAL"``
+    strings (``--tie``).
+
+    >>> tie_map(["lm_head.weight=wte.weight"])
+    {'lm_head.weight': 'wte.weight'}
+    """
+    return dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
+
+
+class DeclaredTies(TensorSource):
+    """``source`` with other ties: the same tensors, every alias that the source also
+    stores written out (stored once by writers, which know ties), and ``config.json``
+    among the assets when a config file declared them."""
+
+    def __init__(
+        self,
+        source: TensorSource,
+        ties: AliasMap,
+        origins: Mapping[str, str] | None = None,
+        assets: Mapping[str, Path] | None = None,
+    ) -> None:
+        self._source = source
+        self.path, self.kind, self.infos = source.path, source.kind, source.infos
+        self.ties, self.origins = ties, {**source.origins, **(origins or {})}
+        self.layers, self.config = source.layers, getattr(source, "config", None)
+        self.parts, self.other_files = source.parts, source.other_files
+        self.assets = {**source.assets, **(assets or {})}
+        self.mapped, self.notes = source.mapped, source.notes
+        if hasattr(source, "buffers"):  # (A module's: which tensors are buffers.)
+            self.buffers = source.buffers
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    def read(self, name: str) -> Any:
+        return self._source.read(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return self._source.array(name)
+
+    def blocks(self, name: str) -> Any:
+        return self._source.blocks(name)
+
+    def extents(self, name: str) -> Any:
+        return self._source.extents(name)
+
+    def read_slice(self, name: str, index: Any) -> np.ndarray:
+        return self._source.read_slice(name, index)
+
+    def chunk_lines(self) -> tuple[str, ...]:
+        return self._source.chunk_lines()
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def declare_ties(
+    source: TensorSource,
+    ties: Mapping[str, str] = {},  # noqa: B006 -- read only
+    *,
+    config: Any = None,
+    rules: Rules | None = None,
+) -> TensorSource:
+    """``source`` with the ties ``ties`` (``{alias: canonical}``, PyTorch names) and
+    those ``config`` declares, each checked against the stored values: where both
+    names are stored their bytes must be equal; an alias the source lacks is its
+    canonical's tensor. ``source`` itself when nothing is declared.
+
+    Raises:
+      ValueError: a declared tie whose tensors differ (one line naming both, their
+        shapes or the largest difference), or that names a tensor the source lacks.
+
+    >>> import tempfile
+    >>> from safetensors.numpy import save_file
+    >>> from jaxshare.formats import SafetensorsFile
+    >>> path = tempfile.mkdtemp() + "/two.safetensors"
+    >>> save_file({"wte.weight": np.ones((2, 3), np.float32),
+    ...            "lm_head.weight": np.ones((2, 3), np.float32)}, path)
+    >>> declare_ties(SafetensorsFile(path), {"lm_head.weight": "wte.weight"}).ties
+    AliasMap({'lm_head.weight': 'wte.weight'})
+    """
+    declared = dict(ties)
+    origins = dict.fromkeys(declared, "--tie")
+    assets: dict[str, Path] = {}
+    if config is not None:
+        cfg = config_dict(config)
+        found = config_ties(cfg, list(source.infos), rules or Rules())
+        named = {a: c for a, c in found.ties.items() if a in source.infos or c in source.infos}
+        if found.ties and not named:
+            warnings.warn(
+                f"{source.where}: {CONFIG_FILE} ties {', '.join(sorted(found.ties))}, which the "
+                "input does not hold (another model class's names?); no tie is taken from it: "
+                "pass --tie ALIAS=CANONICAL.",
+                stacklevel=3,
+            )
+        for alias, canonical in named.items():
+            if alias not in declared:
+                declared[alias] = canonical
+                origins[alias] = CONFIG_FILE
+        if isinstance(config, (str, os.PathLike)):
+            file = Path(config)
+            assets[CONFIG_FILE] = file / CONFIG_FILE if file.is_dir() else file
+    if not declared and not assets:
+        return source
+    merged = dict(source.ties.items())
+    transforms = dict(source.ties.transforms)
+    for alias, canonical in declared.items():
+        root = merged.get(canonical, canonical)
+        _check(source, alias, root, origins[alias])
+        merged[alias] = root
+    return DeclaredTies(
+        source, AliasMap(merged, transforms=transforms, naming=source.ties.naming), origins, assets
+    )
+
+
+def _check(source: TensorSource, alias: str, canonical: str, origin: str) -> None:
+    """One line unless ``alias`` can be ``canonical``'s tensor."""
+    where = f"{source.where}: {origin} ties {alias!r} to {canonical!r}"
+    if canonical not in source.infos:
+        raise ValueError(f"{where}, but it holds no tensor {canonical!r}.")
+    if alias not in source.infos:
+        return  # (Not stored: the alias is the canonical's tensor.)
+    a, c = source.infos[alias], source.infos[canonical]
+    if (a.shape, a.dtype) != (c.shape, c.dtype):
+        raise ValueError(
+            f"{where}, but they differ: {a.shape} {a.dtype} against {c.shape} {c.dtype}."
+        )
+    x, y = source.array(alias), source.array(canonical)
+    if not same_bytes(x, y):
+        delta = np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))
+        raise ValueError(
+            f"{where}, but their values differ (max |Δ| = {delta:.3g}); they are not one "
+            "tensor, so the tie is refused."
+        )

@@ -1,0 +1,3 @@
+"""The homes that touch torch tensors and modules: each imported only when torch
+objects are given or asked for.
+"""

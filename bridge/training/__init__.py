@@ -1,0 +1,3 @@
+"""Training state both ways: a torch optimizer's state as optax's, and a run as a
+CheckpointManager step.
+"""

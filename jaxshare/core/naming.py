@@ -1,0 +1,254 @@
+"""``NamingRecord``: what a conversion did to each leaf, so its inverse is exact.
+
+A conversion from PyTorch names each Flax leaf and may permute its axes (a
+Linear ``weight`` becomes a transposed ``kernel``). Names alone cannot always
+say which was done -- a square GPT-2 ``Conv1D`` weight and a Linear weight look
+the same -- so the conversion records, per Flax path, the PyTorch name and the
+PyTorch -> Flax axis permutation it applied. The record travels with the alias
+map (``AliasMap.naming``) into Orbax items, safetensors metadata and Hugging
+Face directories, and the way back reads it instead of guessing.
+
+JSON, strict like the alias map's::
+
+    {"format": "jaxshare.naming", "version": 1,
+     "leaves": {"params/wte/embedding": {"torch": "wte.weight"},
+                "params/lm_head/kernel": {"torch": "lm_head.weight", "permute": [1, 0]}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from jaxshare.core.perm import Perm, as_perm
+from jaxshare.core.strict_json import load_document
+
+__all__ = [
+    "FORMAT",
+    "LAYER",
+    "MAX_JSON_BYTES",
+    "VERSION",
+    "Naming",
+    "NamingRecord",
+    "layer_name",
+    "layer_perm",
+    "lift",
+    "stack_axis",
+    "stack_prefix",
+]
+
+FORMAT = "jaxshare.naming"
+VERSION = 1
+#: ``from_json`` refuses larger input (a record is ~100 bytes per leaf).
+MAX_JSON_BYTES = 64 * 2**20
+
+
+#: What stands for the layer index in a stack's PyTorch name.
+LAYER = "{i}"
+
+
+def layer_name(template: str, index: int) -> str:
+    """The PyTorch name of layer ``index`` of the stack ``template``.
+
+    >>> layer_name("model.layers.{i}.mlp.weight", 3)
+    'model.layers.3.mlp.weight'
+    """
+    return template.replace(LAYER, str(index), 1)
+
+
+def stack_prefix(template: str) -> str | None:
+    """The module prefix a stack's layers are under (``None``: not a stack).
+
+    >>> stack_prefix("model.layers.{i}.mlp.weight"), stack_prefix("wte.weight")
+    ('model.layers', None)
+    """
+    parts = template.split(".")
+    return ".".join(parts[: parts.index(LAYER)]) if LAYER in parts else None
+
+
+def lift(perm: Perm | None, ndim: int, axis: int) -> Perm | None:
+    """The permutation of a stack ``(L, *layer)`` into Flax: each layer permuted by
+    ``perm`` (of its ``ndim`` axes), the layer axis moved to ``axis``.
+
+    >>> lift((1, 0), 2, 0), lift((1, 0), 2, 1), lift(None, 1, 0)
+    ((0, 2, 1), (2, 0, 1), None)
+    """
+    if not 0 <= axis <= ndim:
+        raise ValueError(f"stack axis {axis} is out of range for a stack of {ndim}-D layers.")
+    per = list(range(ndim)) if perm is None else list(perm)
+    lifted = [1 + p for p in per]
+    lifted.insert(axis, 0)
+    return as_perm(lifted)
+
+
+def stack_axis(perm: Perm | None) -> int:
+    """Where :func:`lift` put the layer axis.
+
+    >>> stack_axis((2, 0, 1)), stack_axis(None)
+    (1, 0)
+    """
+    return 0 if perm is None else perm.index(0)
+
+
+def layer_perm(perm: Perm | None) -> Perm | None:
+    """The permutation of one layer, :func:`lift` undone.
+
+    >>> layer_perm((2, 0, 1)), layer_perm((0, 2, 1)), layer_perm(None)
+    ((1, 0), (1, 0), None)
+    """
+    if perm is None:
+        return None
+    return as_perm([p - 1 for p in perm if p != 0])
+
+
+class Naming(NamedTuple):
+    """One leaf's PyTorch name and the PyTorch -> Flax permutation applied to it.
+
+    A name with :data:`LAYER` (``model.layers.{i}.mlp.weight``) is a stack of
+    layers: the leaf holds every layer's tensor, stacked on axis 0 and then
+    permuted (the layer axis goes to :attr:`stack_axis`).
+    """
+
+    torch: str
+    permute: Perm | None = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the leaf is a stack of layers."""
+        return stack_prefix(self.torch) is not None
+
+
+#: What a record's constructor takes for one path: a Naming, ``(name, permutation)``, a name.
+_Entry = Naming | tuple[str, Any] | str
+
+
+def _check(path: Any, entry: Any) -> Naming:
+    if not isinstance(path, str) or not path or path.startswith("/") or path.endswith("/"):
+        raise ValueError(f"naming record: {path!r} is not a '/'-joined Flax path.")
+    if isinstance(entry, str):
+        entry = Naming(entry)
+    elif isinstance(entry, tuple) and len(entry) == 2:
+        entry = Naming(*entry)
+    else:
+        raise TypeError(
+            f"naming record: {path!r} must map to a PyTorch name or (name, permutation), "
+            f"got {entry!r}."
+        )
+    name = entry.torch
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"naming record: {path!r} names {name!r}, which is not a PyTorch name.")
+    parts = name.split(".")
+    if parts.count(LAYER) > 1 or parts[-1] == LAYER or (LAYER in name and LAYER not in parts):
+        raise ValueError(
+            f"naming record: {path!r} names {name!r}; a stack's name has {LAYER} once, as a "
+            "module of its own (model.layers.{i}.mlp.weight)."
+        )
+    return Naming(name, as_perm(entry.permute, f"naming record: the permutation of {path!r}"))
+
+
+class NamingRecord(Mapping[str, Naming]):
+    """An immutable map from Flax path to :class:`Naming` (PyTorch name, permutation).
+
+    Raises:
+      TypeError, ValueError: a malformed path, name or permutation, or two paths
+        with one PyTorch name; the message names them.
+
+    >>> r = NamingRecord({"params/h/0/c_attn/kernel": ("h.0.c_attn.weight", (1, 0))})
+    >>> r["params/h/0/c_attn/kernel"]
+    Naming(torch='h.0.c_attn.weight', permute=(1, 0))
+    >>> NamingRecord.from_json(r.to_json()) == r
+    True
+    """
+
+    __slots__ = ("_entries", "_hash")
+
+    def __init__(
+        self,
+        entries: Mapping[str, _Entry] | Iterable[tuple[str, _Entry]] = (),
+        /,
+    ) -> None:
+        checked: dict[str, Naming] = {}
+        owners: dict[str, str] = {}
+        for path, entry in dict(entries).items():
+            naming = _check(path, entry)
+            other = owners.setdefault(naming.torch, path)
+            if other != path:
+                raise ValueError(
+                    f"naming record: {other!r} and {path!r} both name the PyTorch tensor "
+                    f"{naming.torch!r}."
+                )
+            checked[path] = naming
+        self._entries = checked
+        self._hash: int | None = None
+
+    def __getitem__(self, path: str) -> Naming:
+        return self._entries[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NamingRecord):
+            return self._entries == other._entries
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(frozenset(self._entries.items()))
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"NamingRecord({len(self)} leaves)"
+
+    def rename(self, fn: Callable[[str], str]) -> NamingRecord:
+        """A new record with every Flax path passed through ``fn``."""
+        return NamingRecord({fn(p): n for p, n in self._entries.items()})
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """The versioned JSON format (paths in record order)."""
+        leaves = {
+            path: {"torch": n.torch}
+            if n.permute is None
+            else {"torch": n.torch, "permute": list(n.permute)}
+            for path, n in self._entries.items()
+        }
+        return json.dumps({"format": FORMAT, "version": VERSION, "leaves": leaves}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, /, *, max_bytes: int = MAX_JSON_BYTES) -> NamingRecord:
+        """Parses :meth:`to_json` output, strictly.
+
+        Raises:
+          ValueError: input over ``max_bytes``, not JSON, duplicate keys, an
+            unknown format or version, unexpected fields or types, or an invalid
+            record. Nothing is returned half-loaded.
+        """
+        doc = load_document(
+            text,
+            what="naming record",
+            format=FORMAT,
+            version=VERSION,
+            fields={"leaves": dict},
+            max_bytes=max_bytes,
+        )
+        entries: dict[str, Any] = {}
+        for path, entry in doc["leaves"].items():
+            if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= {"torch", "permute"}:
+                raise ValueError(
+                    f"naming record: {path!r} must map to {{'torch': name[, 'permute': [...]]}}, "
+                    f"got {entry!r}."
+                )
+            permute = entry.get("permute")
+            if "permute" in entry and not isinstance(permute, list):
+                raise ValueError(
+                    f"naming record: 'permute' of {path!r} must be a list of ints, got {permute!r}."
+                )
+            entries[path] = (entry["torch"], permute)
+        try:
+            return cls(entries)
+        except TypeError as e:
+            raise ValueError(str(e)) from None

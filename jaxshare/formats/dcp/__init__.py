@@ -1,0 +1,1 @@
+"""PyTorch DCP folders (``torch.distributed.checkpoint``), read and written without torch."""
