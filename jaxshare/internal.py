@@ -44,9 +44,9 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.naming import stack_axis as stack_axis
     from jaxshare.core.naming import stack_prefix as stack_prefix
     from jaxshare.io.equal import same_bytes as same_bytes
-    from jaxshare.io.output import OutputKind as OutputKind
-    from jaxshare.io.output import atomic_output as atomic_output
-    from jaxshare.io.output import check_not_an_input as check_not_an_input
+    from jaxshare.io.atomic import OutputKind as OutputKind
+    from jaxshare.io.atomic import atomic_output as atomic_output
+    from jaxshare.io.atomic import check_not_an_input as check_not_an_input
     from jaxshare.core.paths import Path as Path
     from jaxshare.core.paths import keypath_to_path as keypath_to_path
     from jaxshare.core.paths import nest as nest
@@ -113,7 +113,7 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare.core.nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
         "jaxshare.io.equal": ["same_bytes"],
         "jaxshare.io.transpose": ["contiguous_transpose"],
-        "jaxshare.io.output": ["OutputKind", "atomic_output", "check_not_an_input"],
+        "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],
         "jaxshare.core.paths": [
             "Path",
             "keypath_to_path",

@@ -21,15 +21,16 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.progress import ProgressFn as ProgressFn
     from jaxshare.core.report import ArrayInfo as ArrayInfo
     from jaxshare.core.report import TieReport as TieReport
+    from jaxshare.io.ahead import ReadAhead as ReadAhead
     from jaxshare.io.plan import Plan as Plan
     from jaxshare.io.plan import PlanEntry as PlanEntry
-    from jaxshare.io.plan import ReadAhead as ReadAhead
     from jaxshare.io.source import TensorSource as TensorSource
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare.io.plan": ["Plan", "PlanEntry", "ReadAhead"],
+        "jaxshare.io.plan": ["Plan", "PlanEntry"],
+        "jaxshare.io.ahead": ["ReadAhead"],
         "jaxshare.core.progress": ["ProgressFn"],
         "jaxshare.core.report": ["ArrayInfo", "TieReport"],
         "jaxshare.io.source": ["TensorSource"],

@@ -140,7 +140,7 @@ def _cached_mib(path: Path) -> list[bool]:
 def copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the bytes copied into an ``OutputFile`` s staging buffers (not
     written from where they lie), as they are."""
-    from jaxshare.io.output import OutputFile
+    from jaxshare.io.output_file import OutputFile
 
     sizes: list[int] = []
     real = OutputFile._append

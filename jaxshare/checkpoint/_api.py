@@ -19,7 +19,7 @@ from jaxshare.checkpoint._item import read_alias_map_file
 from jaxshare.core.alias import AliasMap
 from jaxshare.formats import find_item
 from jaxshare.internal import ITEM
-from jaxshare.io.output import atomic_output, remove_path
+from jaxshare.io.atomic import atomic_output, remove_path
 
 __all__ = ["read_alias_map", "restore", "save"]
 

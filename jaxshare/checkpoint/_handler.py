@@ -29,7 +29,7 @@ from jaxshare.core.tie import dedupe
 from jaxshare.core.tied import Tied
 from jaxshare.formats import EMPTY_ARRAYS_KEY
 from jaxshare.internal import asset_files
-from jaxshare.io.output import destination_of
+from jaxshare.io.atomic import destination_of
 
 __all__ = ["SharedCheckpointHandler", "SharedRestore", "SharedSave"]
 

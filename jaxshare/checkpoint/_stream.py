@@ -20,7 +20,7 @@ JAX and Orbax cost a second of every run. Here:
 - it is cut into chunks of whole rows of at most :data:`CHUNK_BYTES` (a stack
   in per-layer chunks), each zstd-compressed at Orbax's level on a few threads
   (or stored raw), and appended to data files that go to the disk as they are
-  written (:class:`jaxshare.io.output.OutputFile`), a large one from where it lies
+  written (:class:`jaxshare.io.output_file.OutputFile`), a large one from where it lies
   in memory, after a few zeros that line it up with the file's blocks;
 - the B+tree that finds every chunk and the manifest are then encoded in
   TensorStore's format (:mod:`jaxshare.checkpoint._ocdbt`), and the metadata
@@ -71,9 +71,11 @@ from jaxshare.formats import (
     ORBAX_METADATA_FILE,
 )
 from jaxshare.internal import ITEM, asset_files
+from jaxshare.io.ahead import ReadAhead, dwarfs
+from jaxshare.io.atomic import atomic_output, fsync_dir, write_synced
 from jaxshare.io.buffers import pooled
-from jaxshare.io.output import LEND_BYTES, OutputFile, atomic_output, fsync_dir, write_synced
-from jaxshare.io.plan import Plan, PlanEntry, ReadAhead, dwarfs
+from jaxshare.io.output_file import LEND_BYTES, OutputFile
+from jaxshare.io.plan import Plan, PlanEntry
 from jaxshare.io.source import TensorSource
 from jaxshare.io.threads import worker_count
 
@@ -182,7 +184,7 @@ class _Layers:
 
 class _DataFiles:
     """Chunks appended to data files under ``root/d/``, each handed to the disk as it
-    is written (:class:`jaxshare.io.output.OutputFile`) and on it when closed; a new
+    is written (:class:`jaxshare.io.output_file.OutputFile`) and on it when closed; a new
     file is begun past :data:`DATA_FILE_BYTES`."""
 
     def __init__(self, root: Path) -> None:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from jaxshare.io.output import OutputKind
+from jaxshare.io.atomic import OutputKind
 
 __all__ = [
     "ALIAS_MAP_FILE",

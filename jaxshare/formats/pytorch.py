@@ -49,8 +49,8 @@ from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import numpy_dtype
 from jaxshare.core.memory import MemoryTies, array_key, memory_ties
 from jaxshare.core.report import ArrayInfo
+from jaxshare.io.atomic import OutputKind
 from jaxshare.io.mapped import FileRange, file_extent, map_file, scattered_reads
-from jaxshare.io.output import OutputKind
 from jaxshare.io.source import Index, TensorSource, file_part
 
 __all__ = [

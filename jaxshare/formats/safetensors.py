@@ -37,8 +37,9 @@ from jaxshare.core.naming import NamingRecord
 from jaxshare.core.progress import ProgressFn
 from jaxshare.core.report import ArrayInfo, TieReport
 from jaxshare.core.strict_json import loads
+from jaxshare.io.atomic import OutputKind, atomic_output
 from jaxshare.io.mapped import FileRange, map_file
-from jaxshare.io.output import OutputFile, OutputKind, atomic_output
+from jaxshare.io.output_file import OutputFile
 from jaxshare.io.plan import Plan
 from jaxshare.io.source import Index, TensorSource, file_part
 
@@ -477,7 +478,7 @@ def _header_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> b
     return text + b" " * (-len(text) % 8)  # Align the data to 8 bytes, as safetensors does.
 
 
-#: A ``.safetensors`` output, for :func:`jaxshare.io.output.atomic_output`.
+#: A ``.safetensors`` output, for :func:`jaxshare.io.atomic.atomic_output`.
 SAFETENSORS = OutputKind("a .safetensors file", False, is_safetensors_file)
 
 
@@ -500,7 +501,7 @@ def write_safetensors(
     ``kept``: no block's memory is changed once handed to ``write``; a large
     block that lines up with the file's blocks (see :func:`data_offsets`) is
     then written from where it lies, not copied
-    (:meth:`jaxshare.io.output.OutputFile.write_array`).
+    (:meth:`jaxshare.io.output_file.OutputFile.write_array`).
 
     With ``manifest``, each tensor is hashed as it is written (``write`` returns
     its SHA-256) and the metadata records the :class:`jaxshare.internal.Manifest`

@@ -56,7 +56,7 @@ def lined_up(offset: int) -> Iterator[None]:
     """While in it, the large arrays :func:`empty_array` makes on this thread start
     as far into a page as ``offset`` lies into one (where their dtype allows it):
     an output that will hold one at ``offset`` writes it from where it lies, not
-    copied (:meth:`jaxshare.io.output.OutputFile.gap`).
+    copied (:meth:`jaxshare.io.output_file.OutputFile.gap`).
 
     >>> with lined_up(4096 + 24):
     ...     a = empty_array((2**20,), np.dtype(np.float32))

@@ -323,7 +323,7 @@ def write_array(
     """Writes the bytes of a C-contiguous array at ``out``'s position, ``step``
     bytes at a time -- copied file to file where they lie in a mapped file
     (:func:`copy_view`) -- and calls ``after()`` after each step (a
-    :class:`jaxshare.io.output.WriteBehind` 's ``wrote``, so the disk writes the
+    :class:`jaxshare.io.output_file.WriteBehind` 's ``wrote``, so the disk writes the
     first steps while the last are copied).
 
     >>> import io

@@ -25,7 +25,7 @@ import bridge
 from jaxshare import AliasMap, Tied
 from jaxshare import checkpoint as jc
 from jaxshare.formats import SafetensorsFile, read_header, save_plan
-from jaxshare.io.plan import BlocksAhead, ReadAhead, SharedRead
+from jaxshare.io.ahead import BlocksAhead, ReadAhead, SharedRead
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 # --- fixtures -----------------------------------------------------------------

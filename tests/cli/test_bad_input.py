@@ -502,7 +502,7 @@ def test_an_injected_full_disk_leaves_the_previous_output_intact(
                 take(len(data))
                 return super().write(data)
 
-        monkeypatch.setattr("jaxshare.io.output.open", lambda p, m: Full(p, m), raising=False)
+        monkeypatch.setattr("jaxshare.io.output_file.open", lambda p, m: Full(p, m), raising=False)
     assert main(["convert", "--quiet", "--force", str(src), str(out), "--names", "torch"]) == 1
     err = capsys.readouterr().err
     assert "No space left on device" in err and err.count("\n") == 1

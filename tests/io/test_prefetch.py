@@ -174,7 +174,7 @@ def test_the_bytes_read_ahead_beside_the_values_cover_what_lies_beside_the_value
     # A record of `head` bytes, the values, then `tail` bytes, in ranges cut anywhere
     # (one file, at 1000): `beside_values` covers its head and tail, within the ranges, and
     # at most twice what lies beside the values in each range.
-    from jaxshare.io.plan import beside_values
+    from jaxshare.io.ahead import beside_values
 
     total = head + values + tail
     bounds = sorted({0, total, *(c for c in cuts if c < total)})

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxshare.io import buffers as _buffers
-from jaxshare.io import output as _output
+from jaxshare.io import output_file as _output
 from jaxshare.io.buffers import empty_array, lined_up, pooled
 from jaxshare.io.mapped import map_file, write_array
-from jaxshare.io.output import WriteBehind
+from jaxshare.io.output_file import WriteBehind
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux page cache")
 

@@ -47,8 +47,9 @@ from jaxshare.core.report import ArrayInfo
 from jaxshare.formats.dcp.reader import DISTCP_SUFFIX, METADATA_FILE, METADATA_MODULE
 from jaxshare.formats.item_files import ALIAS_MAP_FILE, NAMING_FILE
 from jaxshare.formats.pytorch import _STORAGES
+from jaxshare.io.atomic import OutputKind, atomic_output, fsync_dir, write_synced
 from jaxshare.io.mapped import write_array
-from jaxshare.io.output import OutputKind, WriteBehind, atomic_output, fsync_dir, write_synced
+from jaxshare.io.output_file import WriteBehind
 from jaxshare.io.plan import Plan, PlanEntry
 from jaxshare.io.source import TensorSource
 from jaxshare.io.transpose import contiguous_transpose
@@ -550,7 +551,7 @@ def holds_only_dcp(path: Path) -> bool:
     return True
 
 
-#: A DCP folder output, for :func:`jaxshare.io.output.atomic_output`.
+#: A DCP folder output, for :func:`jaxshare.io.atomic.atomic_output`.
 DCP_FOLDER = OutputKind("a PyTorch DCP folder", True, holds_only_dcp)
 
 

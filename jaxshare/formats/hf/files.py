@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxshare.core.strict_json import loads
-from jaxshare.io.output import OutputKind
+from jaxshare.io.atomic import OutputKind
 
 __all__ = [
     "BIN_INDEX",
