@@ -22,7 +22,7 @@ if _typing.TYPE_CHECKING:
     from bridge.commands.convert import convert as convert
     from bridge.torch.deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
     from bridge.torch.deepspeed import load_deepspeed as load_deepspeed
-    from bridge.naming.flax_placement import FlaxPlan as FlaxPlan
+    from bridge.naming.flax_placement import FlaxPlacement as FlaxPlacement
     from bridge.naming.flax_placement import flax_plan as flax_plan
     from bridge.hf.directory import HFDirectory as HFDirectory
     from bridge.commands.save_hf import save_hf as save_hf
@@ -31,8 +31,8 @@ if _typing.TYPE_CHECKING:
     from bridge.layouts.layout import Layout as Layout
     from bridge.layouts.layout import detect_layout as detect_layout
     from bridge.sources.registry import open_source as open_source
-    from bridge.training.optax import optax_for as optax_for
-    from bridge.training.optax import to_optax as to_optax
+    from bridge.training.to_optax import to_optax as to_optax
+    from bridge.training.tx import optax_for as optax_for
     from bridge.training.from_optax import from_optax as from_optax
     from bridge.commands.outputs import FORMATS as FORMATS
     from bridge.commands.outputs import NAMES as NAMES
@@ -47,7 +47,7 @@ if _typing.TYPE_CHECKING:
     from bridge.naming.to_flax import flax_alias_map as flax_alias_map
     from bridge.naming.to_flax import to_flax as to_flax
     from bridge.naming.to_torch import to_torch as to_torch
-    from bridge.naming.torch_naming import TorchPlan as TorchPlan
+    from bridge.naming.torch_naming import TorchNaming as TorchNaming
     from bridge.naming.torch_naming import torch_alias_map as torch_alias_map
     from bridge.naming.torch_naming import torch_plan as torch_plan
     from bridge.torch.torch_file import load_torch as load_torch
@@ -62,13 +62,14 @@ __getattr__, __dir__, __all__ = _exports(
         # Torch-free: files, plans, naming.
         "bridge.commands.check": ["CheckReport", "Finding", "check"],
         "bridge.commands.convert": ["convert"],
-        "bridge.naming.flax_placement": ["FlaxPlan", "flax_plan"],
+        "bridge.naming.flax_placement": ["FlaxPlacement", "flax_plan"],
         "bridge.hf.directory": ["HFDirectory"],
         "bridge.commands.save_hf": ["save_hf"],
         "bridge.commands.inspect": ["inspect"],
         "bridge.layouts.layout": ["LAYOUTS", "Layout", "detect_layout"],
         "bridge.sources.registry": ["open_source"],
-        "bridge.training.optax": ["optax_for", "to_optax"],
+        "bridge.training.to_optax": ["to_optax"],
+        "bridge.training.tx": ["optax_for"],
         "bridge.commands.outputs": ["FORMATS", "NAMES"],
         "bridge.layouts.rules": [
             "DEFAULT_LAYERS",
@@ -78,7 +79,7 @@ __getattr__, __dir__, __all__ = _exports(
             "Rules",
         ],
         "bridge.naming.to_flax": ["flax_alias_map", "to_flax"],
-        "bridge.naming.torch_naming": ["TorchPlan", "torch_alias_map", "torch_plan"],
+        "bridge.naming.torch_naming": ["TorchNaming", "torch_alias_map", "torch_plan"],
         "bridge.commands.verify": ["VerifyFinding", "VerifyReport", "verify"],
         # torch: tensors and modules in and out.
         "bridge.torch.deepspeed": ["DeepSpeedCheckpoint", "load_deepspeed"],
@@ -88,4 +89,6 @@ __getattr__, __dir__, __all__ = _exports(
         "bridge.naming.to_torch": ["to_torch"],
         "bridge.torch.torch_file": ["load_torch", "save_torch"],
     },
+    # A placement is not a `Plan`, nor is a naming: their names say so now.
+    renamed={"FlaxPlan": "FlaxPlacement", "TorchPlan": "TorchNaming"},
 )

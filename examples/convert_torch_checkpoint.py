@@ -7,8 +7,8 @@ logits come from the embedding (``nn.Embed.attend``), so the Flax parameters
 have no ``lm_head`` at all. The script
 
 1. saves the PyTorch ``state_dict`` as ``model.pt`` and reads it back with
-   ``bridge.load_torch`` (``torch.load(weights_only=True)``: a file that would
-   run code is refused);
+   ``bridge.load_torch`` (jaxshare's own restricted unpickler: a file that would
+   run code is refused, never run);
 2. converts it with ``bridge.to_flax(state, like=...)``, where ``like`` is the
    Flax model's ``jax.eval_shape`` init: names and layouts follow it (``wte``
    becomes an ``embedding``, Linear weights become transposed ``kernel`` s), and

@@ -1,11 +1,13 @@
 """jaxshare: find tied weights in JAX pytrees and NNX graphs, and keep them.
 
-The tie API, re-exported here; each name lives in a private module with one
-concept. Names are imported on first use, so ``import jaxshare`` (and the
-``jaxshare`` command's start-up) does not pay for JAX until it is needed. The
-subpackages: ``jaxshare.checkpoint`` (Orbax), ``jaxshare.formats`` (files, with
-numpy only) and ``jaxshare.stream`` (plans, sources and the streaming of
-tensors between them). Nothing in ``jaxshare`` imports torch.
+The tie API, re-exported here; each name lives in a ``jaxshare.core`` module
+with one concept. Names are imported on first use, so ``import jaxshare`` (and
+the ``jaxshare`` command's start-up) does not pay for JAX until it is needed.
+The public faces beside it: ``jaxshare.checkpoint`` (Orbax),
+``jaxshare.formats`` (files, with numpy only), ``jaxshare.stream`` (plans,
+sources and the streaming of tensors between them) and ``jaxshare.cli`` (the
+command). Nothing in ``jaxshare`` imports torch but the command's demo of a
+torch model.
 """
 
 import typing as _typing

@@ -34,6 +34,7 @@ def exports(
     *,
     submodules: Iterable[str] = (),
     moved: Mapping[str, str] | None = None,
+    renamed: Mapping[str, str] | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``(__getattr__, __dir__, __all__)`` for ``package``.
 
@@ -45,6 +46,8 @@ def exports(
         ``jaxshare.checkpoint``), imported on first use too.
       moved: ``{old name: module that now exports it}``: names that work from
         here with a ``DeprecationWarning``; not in ``__all__``.
+      renamed: ``{old name: new name}`` of names this package renamed: the old
+        one works with a ``DeprecationWarning``; not in ``__all__``.
 
     >>> getattr_, dir_, all_ = exports("jaxshare", {"jaxshare.core.alias": ["AliasMap"]})
     >>> getattr_("AliasMap").__name__, all_
@@ -53,6 +56,7 @@ def exports(
     where = {name: home for home, names in homes.items() for name in names}
     subs = tuple(submodules)
     moved = dict(moved or {})
+    renamed = dict(renamed or {})
     public = sorted([*where, *subs])
     if len(public) != len(set(public)):
         twice = sorted({n for n in public if public.count(n) > 1})
@@ -70,6 +74,13 @@ def exports(
                 stacklevel=2,
             )
             return getattr(importlib.import_module(moved[name]), name)
+        elif name in renamed:
+            warnings.warn(
+                f"`{package}.{name}` is now `{package}.{renamed[name]}`; use that name.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(sys.modules[package], renamed[name])
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         setattr(sys.modules[package], name, value)  # Later look-ups skip this function.

@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.naming import stack_axis as stack_axis
     from jaxshare.core.naming import stack_prefix as stack_prefix
     from jaxshare.io.equal import same_bytes as same_bytes
+    from jaxshare.io.equal import words as words
     from jaxshare.io.atomic import OutputKind as OutputKind
     from jaxshare.io.atomic import atomic_output as atomic_output
     from jaxshare.io.atomic import check_not_an_input as check_not_an_input
@@ -63,6 +64,9 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.perm import transpose as transpose
     from jaxshare.core.report import format_bytes as format_bytes
     from jaxshare.io.source import Index as Index
+    from jaxshare.io.source import RecordedTie as RecordedTie
+    from jaxshare.io.source import RetiedSource as RetiedSource
+    from jaxshare.io.source import UnheldTies as UnheldTies
     from jaxshare.io.stack import StackedSource as StackedSource
     from jaxshare.io.stack import UnstackedSource as UnstackedSource
     from jaxshare.io.stack import layer_prefixes as layer_prefixes
@@ -70,8 +74,8 @@ if _typing.TYPE_CHECKING:
     from jaxshare.io.stack import unstacked as unstacked
     from jaxshare.io.source import file_part as file_part
     from jaxshare.io.threads import parallel_map as parallel_map
-    from jaxshare.formats.deepspeed.checkpoint import STAND_INS as STAND_INS
-    from jaxshare.formats.deepspeed.checkpoint import load_deepspeed_file as load_deepspeed_file
+    from jaxshare.formats.deepspeed.files import STAND_INS as STAND_INS
+    from jaxshare.formats.deepspeed.files import load_deepspeed_file as load_deepspeed_file
     from jaxshare.formats.hf.files import HF_DIRECTORY as HF_DIRECTORY
     from jaxshare.formats.hf.files import check_not_a_shard as check_not_a_shard
     from jaxshare.formats.hf.files import is_hf_directory as is_hf_directory
@@ -111,7 +115,7 @@ __getattr__, __dir__, __all__ = _exports(
             "stack_prefix",
         ],
         "jaxshare.core.nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
-        "jaxshare.io.equal": ["same_bytes"],
+        "jaxshare.io.equal": ["same_bytes", "words"],
         "jaxshare.io.transpose": ["contiguous_transpose"],
         "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],
         "jaxshare.core.paths": [
@@ -132,7 +136,7 @@ __getattr__, __dir__, __all__ = _exports(
         ],
         "jaxshare.io.plan": ["PlannedSource"],
         "jaxshare.core.report": ["format_bytes"],
-        "jaxshare.io.source": ["Index", "file_part"],
+        "jaxshare.io.source": ["Index", "RecordedTie", "RetiedSource", "UnheldTies", "file_part"],
         "jaxshare.io.stack": [
             "StackedSource",
             "UnstackedSource",
@@ -141,7 +145,7 @@ __getattr__, __dir__, __all__ = _exports(
             "unstacked",
         ],
         "jaxshare.io.threads": ["parallel_map"],
-        "jaxshare.formats.deepspeed.checkpoint": ["STAND_INS", "load_deepspeed_file"],
+        "jaxshare.formats.deepspeed.files": ["STAND_INS", "load_deepspeed_file"],
         "jaxshare.formats.hf.files": ["HF_DIRECTORY", "check_not_a_shard", "is_hf_directory"],
         "jaxshare.formats.item_files": ["ITEM", "asset_files"],
         "jaxshare.formats.pytorch": [

@@ -42,30 +42,24 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bridge.hf.config import (
-    INPUT_EMBEDDINGS,
-    WORD_EMBEDDING_HEADS,
     ConfigTies,
     config_dict,
     config_ties,
-    encoder_decoder_ties,
 )
+from bridge.hf.usual_names import INPUT_EMBEDDINGS, WORD_EMBEDDING_HEADS
 from bridge.layouts.rules import as_rules
-from bridge.sources.registry import is_deepspeed_folder, open_source
-from jaxshare import AliasMap
+from bridge.sources.registry import open_source
 from jaxshare.formats import (
     ALIAS_MAP_KEY,
     CONFIG_FILE,
     NAMING_KEY,
-    read_header,
-    unpickle_torch_file,
 )
-from jaxshare.internal import Perm, format_bytes, load_deepspeed_file, same_bytes
+from jaxshare.internal import Perm, UnheldTies, format_bytes, same_bytes, words
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["KINDS", "CheckReport", "Finding", "check"]
@@ -214,7 +208,7 @@ _Entry = tuple[str, Perm | None, ArrayInfo]
 
 
 @dataclass
-class _View:
+class _Checked:
     """The tensors checked, by name: ``{name: (source name, perm, info)}`` -- the
     source's own names, or the PyTorch names a config gives a Flax tree."""
 
@@ -269,11 +263,8 @@ def check(path: str | os.PathLike | TensorSource, /, *, config: Any = None) -> C
         with warnings.catch_warnings():  # (Ties that cannot be named are findings here.)
             warnings.simplefilter("ignore")
             source = open_source(path, arg="path")
-    except ValueError as e:
-        report = _header_only(path, e)
-        if report is None:
-            raise
-        return report
+    except UnheldTies as e:
+        return _unheld(e)
     try:
         return _check(source, config)
     finally:
@@ -282,24 +273,22 @@ def check(path: str | os.PathLike | TensorSource, /, *, config: Any = None) -> C
 
 
 def _check(source: TensorSource, config: Any) -> CheckReport:
-    cfg = config_dict(config) if config is not None else getattr(source, "config", None)
+    cfg = config_dict(config) if config is not None else source.config
     notes: list[str] = []
     view, flax_ties = _view(source, cfg, notes)
     ties: list[_Tie] = list(flax_ties or ())
-    if flax_ties is None:  # (The source's own names: its own ties.)
+    if flax_ties is None:  # (The source's own names: every tie it records, as recorded.)
         ties += [
-            _Tie(a, c, source.origins.get(a, "alias map"), source.ties.transform(a))
-            for a, c in source.ties.items()
-            if source.origins.get(a) != CONFIG_FILE
+            _Tie(t.alias, t.canonical, t.origin, t.transform)
+            for t in source.recorded_ties
+            if t.origin != CONFIG_FILE
         ]
-    ties += _metadata_ties(source, view)
-    ties += _shared_params_ties(source)
     found: ConfigTies | None = None
     findings: list[Finding] = []
     torch_named = not any("/" in n for n in view.names)  # (A config names PyTorch tensors.)
     if cfg is not None and torch_named:
         found = config_ties(cfg, list(view.names), as_rules(None))
-        ties += _config_declared(cfg, found, view)
+        ties += _config_declared(found, view)
     ties = _unique(ties)
     findings += _hold(view, ties, cfg)
     if cfg is not None and found is not None:
@@ -319,79 +308,34 @@ def _check(source: TensorSource, config: Any) -> CheckReport:
 
 def _view(
     source: TensorSource, cfg: Mapping[str, Any] | None, notes: list[str]
-) -> tuple[_View, list[_Tie] | None]:
+) -> tuple[_Checked, list[_Tie] | None]:
     """The names checked, and a Flax tree's ties in them: a Flax-named source with
     a config is checked in the PyTorch names the config's model gives it (``None``:
     the source's own names)."""
     own: dict[str, _Entry] = {n: (n, None, info) for n, info in source.infos.items()}
     if cfg is None or not source.flax_named:
-        return _View(source, own), None
-    from bridge.naming.torch_naming import torch_plan
+        return _Checked(source, own), None
+    from bridge.naming.torch_naming import in_torch_names
 
     try:
-        plan = torch_plan(source, config=cfg)
+        plan, reads = in_torch_names(source, config=cfg)
     except (ValueError, KeyError, TypeError) as e:
         notes.append(f"the config's ties are not checked: its PyTorch names do not fit ({e})")
-        return _View(source, own), None
+        return _Checked(source, own), None
     names: dict[str, _Entry] = {e.name: (e.source, e.perm, e.info) for e in plan.entries}
     amap = plan.alias_map
     ties = [
         _Tie(a, c, source.origins.get(a, "alias map"), amap.transform(a)) for a, c in amap.items()
     ]
-    return _View(source, names), ties
+    return _Checked(reads, names), ties
 
 
-def _files(source: TensorSource) -> list[Path]:
-    """The weights files of ``source`` (a Hugging Face directory's shards)."""
-    layout = getattr(source, "layout", None)
-    if layout is not None and hasattr(layout, "files"):
-        return list(layout.files)
-    return [source.path] if source.path is not None and source.path.is_file() else []
-
-
-def _metadata_ties(source: TensorSource, view: _View) -> list[_Tie]:
-    """``save_model``'s ``{dropped: kept}`` metadata entries, and jaxshare's alias map
-    where the reader leaves an alias stored beside it out (``.safetensors`` files)."""
-    ties: list[_Tie] = []
-    for file in _files(source):
-        if file.suffix != ".safetensors":
-            continue
-        for key, value in read_header(file).metadata.items():
-            if key not in _NOT_ALIASES and value in view.names and key != value:
-                ties.append(_Tie(key, value, "save_model metadata"))
-    return ties
-
-
-def _shared_params_ties(source: TensorSource) -> list[_Tie]:
-    """DeepSpeed's ``shared_params`` as recorded, including the entries a reader
-    drops (an alias stored in its own right, a canonical not stored)."""
-    recorded: Any = None
-    if source.kind == "torch" and source.path is not None:
-        obj = unpickle_torch_file(source.path)
-        if isinstance(obj, Mapping) and isinstance(obj.get("module"), Mapping):
-            recorded = obj.get("shared_params")
-    elif source.kind == "deepspeed":
-        folder = getattr(source, "folder", None)
-        if folder is not None and is_deepspeed_folder(Path(folder)):
-            files = sorted(Path(folder).glob("*model_states.pt"))
-            if files:
-                recorded = load_deepspeed_file(files[0]).get("shared_params")
-    if not isinstance(recorded, Mapping):
-        return []
-    return [
-        _Tie(a, c, "shared_params")
-        for a, c in recorded.items()
-        if isinstance(a, str) and isinstance(c, str)
-    ]
-
-
-def _config_declared(cfg: Mapping[str, Any], found: ConfigTies, view: _View) -> list[_Tie]:
+def _config_declared(found: ConfigTies, view: _Checked) -> list[_Tie]:
     """The config's ties in the names checked (a file name transformers 5 loads
     under another name is checked under its own)."""
     declared = dict(found.ties)
-    if cfg.get("tie_encoder_decoder") and found.names is not None:
-        for alias, canonical in encoder_decoder_ties(found.names, view.names).items():
-            declared.setdefault(alias, canonical)
+    for alias, canonical in found.encoder_decoder.items():
+        declared.setdefault(alias, canonical)
     stored = {found.load_name(n): n for n in view.names}
     return [_Tie(stored.get(a, a), stored.get(c, c), CONFIG_FILE) for a, c in declared.items()]
 
@@ -454,12 +398,6 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def _words(a: np.ndarray) -> np.ndarray:
-    """The bytes of ``a`` as 8-byte words where they divide (fewer, wider compares)."""
-    flat = _bits(a)
-    return flat.view(np.uint64) if flat.size % 8 == 0 else flat
-
-
 def _blocks(*arrays: np.ndarray) -> Iterable[tuple[np.ndarray, ...]]:
     """The same ranges of equally long word arrays, :data:`_BLOCK` bytes at a time: one
     pass over mapped pages, no temporary the size of the tensor."""
@@ -470,10 +408,10 @@ def _blocks(*arrays: np.ndarray) -> Iterable[tuple[np.ndarray, ...]]:
 
 def _nonzero(a: np.ndarray) -> bool:
     """Whether any bit of ``a`` is set; stops at the first block that has one."""
-    return any(block.any() for (block,) in _blocks(_words(a)))
+    return any(block.any() for (block,) in _blocks(words(a)))
 
 
-def _hold(view: _View, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> list[Finding]:
+def _hold(view: _Checked, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> list[Finding]:
     """Every declared tie against the stored tensors, each tensor read once."""
     findings: list[Finding] = []
     untied = _untied_by_config(cfg)
@@ -560,7 +498,7 @@ def _hold(view: _View, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> list[
     return findings
 
 
-def _shares_memory(t: _Tie, view: _View) -> bool:
+def _shares_memory(t: _Tie, view: _Checked) -> bool:
     """A tie whose names the source holds as one memory (a ``.bin`` file's one
     storage): their values cannot differ."""
     if t.origin == "storage":
@@ -595,7 +533,7 @@ def _head(found: ConfigTies) -> str | None:
 
 
 def _missing(
-    cfg: Mapping[str, Any], found: ConfigTies, view: _View, ties: list[_Tie]
+    cfg: Mapping[str, Any], found: ConfigTies, view: _Checked, ties: list[_Tie]
 ) -> list[Finding]:
     """Tensors the config's model class holds that neither the files nor a tie
     give (the model class decides; without transformers, only the head)."""
@@ -638,13 +576,13 @@ def _missing(
     return findings
 
 
-def _sample(view: _View, name: str) -> np.ndarray:
+def _sample(view: _Checked, name: str) -> np.ndarray:
     src, _, info = view.names[name]
     index = tuple(slice(None, None, max(1, n // _SAMPLE)) for n in info.shape)
     return np.asarray(view.source.read_slice(src, index))
 
 
-def _equal_untied(view: _View, ties: list[_Tie]) -> list[Finding]:
+def _equal_untied(view: _Checked, ties: list[_Tie]) -> list[Finding]:
     """Stored tensors equal bit for bit that no declaration ties: candidates share
     shape and dtype with another; samples are hashed first, and only colliding
     ones read whole."""
@@ -709,37 +647,24 @@ def _constant(a: np.ndarray) -> bool:
     return a.size == 0 or bool(np.all(flat == flat[:1]))
 
 
-def _header_only(path: Any, error: ValueError) -> CheckReport | None:
-    """A ``.safetensors`` file whose alias map names a canonical it does not store
-    (so no reader opens it): that finding from the header alone."""
-    if not isinstance(path, (str, os.PathLike)) or Path(path).suffix != ".safetensors":
-        return None
-    header = read_header(path)
-    text = header.metadata.get(ALIAS_MAP_KEY)
-    if text is None:
-        return None
-    try:
-        amap = AliasMap.from_json(text)
-    except (TypeError, ValueError):
-        return None
+def _unheld(error: UnheldTies) -> CheckReport:
+    """The findings of an input whose recorded ties name tensors it does not store
+    (so no reader opens it): from what the reader could tell."""
     findings = tuple(
         Finding(
             "canonical-missing",
             "error",
-            (a, c),
+            (t.alias, t.canonical),
             "not stored",
-            f"metadata ties {a} to {c}, which the file does not store",
+            f"{t.origin} ties {t.alias} to {t.canonical}, which the file does not store",
         )
-        for a, c in amap.items()
-        if c not in header.tensors
+        for t in error.ties
     )
-    if not findings:
-        return None
     return CheckReport(
-        str(path),
-        "safetensors",
+        str(error.path),
+        error.kind,
         findings,
-        {a: (c, "metadata") for a, c in amap.items()},
+        {t.alias: (t.canonical, t.origin) for t in error.ties},
         0,
         0,
         (f"values not read: {error}",),

@@ -32,14 +32,13 @@ from typing import Any
 
 from bridge.commands.outputs import FORMATS, NAMES, Format
 from bridge.layouts.layout import Layout, as_layout
-from bridge.layouts.maxtext import maxtext_view
 from bridge.layouts.rules import Rules, as_rules
 from bridge.naming.relayout import place_any
-from bridge.naming.torch_naming import torch_plan
+from bridge.naming.torch_naming import in_torch_names
 from bridge.sources.declared import declare_ties, tie_map
 from bridge.sources.registry import opened
 from jaxshare.formats import TORCH_SUFFIXES, is_dcp_folder, save_plan, write_dcp
-from jaxshare.internal import UsageError, float_dtype, unstacked
+from jaxshare.internal import UsageError, float_dtype
 from jaxshare.stream import Plan, ProgressFn, TensorSource
 
 __all__ = ["convert", "output_format"]
@@ -324,21 +323,16 @@ def _plan(
             return Plan.identity(source), source
         placement, placed = place_any(source, like=None, rules=rules, layout=layout)
         return placement.plan(placed), placed
-    if layout is not None and layout.reshapes and flax:  # A MaxText item's own view.
-        view = maxtext_view(source)
-        return Plan.identity(view), view
     if layout is not None and not flax:
         raise UsageError(
             f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "
             "output keeps the input's PyTorch names."
         )
-    if not flax:
-        return Plan.identity(source), source
-    return unstacked(torch_plan(source, rules=rules, layout=layout), source)
+    return in_torch_names(source, rules=rules, layout=layout)
 
 
 def _config_of(source: TensorSource, dst: Path) -> Any:
-    config = getattr(source, "config", None)
+    config = source.config
     if config is None:
         raise UsageError(
             f"{dst}: a Hugging Face directory needs a config.json: pass --config "

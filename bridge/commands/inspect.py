@@ -1,18 +1,22 @@
 """``inspect``: what a checkpoint, directory or weights file holds, and its ties.
 
-Every input is opened by :func:`bridge.open_source` and described from its
-metadata alone: an Orbax item from its metadata and alias map, a ``.safetensors``
-file from its header (checked against the file size), a PyTorch file from its
-pickle (read by the restricted unpickler), a Hugging Face directory from its
-index, headers and ``config.json``, a DeepSpeed folder from its model states.
-No tensor is read.
+Every input is opened by its reader (:func:`bridge.open_source`) and described
+from its metadata alone: an Orbax item from its metadata and alias map, a
+``.safetensors`` file from its header (checked against the file size), a PyTorch
+file from its pickle (read by the restricted unpickler), a Hugging Face directory
+from its index, headers and ``config.json``, a DeepSpeed folder from its model
+states, a DCP folder from its ``.metadata``. An input that holds a training run's
+optimizer state (a run file, a DeepSpeed or DCP folder) is opened as such, and its
+report ends with that state's lines. No tensor is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 
-from bridge.sources.registry import opened
+from bridge.sources.registry import open_training, opened, reader_of
 from jaxshare.stream import TensorSource, TieReport
 
 __all__ = ["inspect"]
@@ -34,10 +38,10 @@ def inspect(path: str | os.PathLike | TensorSource, /) -> TieReport:
     >>> report.kind, report.bytes_stored, dict(report.alias_map)
     ('safetensors', 32, {})
     """
-    from bridge.training.optax import training_report  # (A run file, DeepSpeed or DCP folder.)
-
-    report = training_report(path)
-    if report is not None:
-        return report
+    if isinstance(path, (str, os.PathLike)) and reader_of(path).trains(Path(path)):
+        training = open_training(path)
+        with training.params as params:
+            report = params.report()
+        return dataclasses.replace(report, notes=(*report.notes, *training.optimizer.describe()))
     with opened(path, arg="path") as source:
         return source.report()

@@ -26,7 +26,6 @@ import numpy as np
 
 from bridge.hf.config import ConfigTies, config_dict, config_ties
 from bridge.layouts.layout import Family, Layout, as_layout, detect_layout
-from bridge.layouts.maxtext import maxtext_view
 from bridge.layouts.rules import Rule, Rules, as_rules
 from bridge.naming.torch_naming import torch_plan
 from bridge.sources.registry import open_source
@@ -166,7 +165,7 @@ def _config_text(file: Path | None, cfg: dict, entries: list[PlanEntry]) -> byte
 def _config_file(config: Any, source: TensorSource) -> Path | None:
     """The file ``config`` was read from: its path, or the source's ``config.json``
     asset when it is the source's own config."""
-    if config is getattr(source, "config", None):
+    if config is source.config:
         return source.assets.get(CONFIG_FILE)
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
@@ -276,15 +275,16 @@ def save_hf(
     source = opened = _source_of(source_or_tree, rules, like, tree_layout)
     try:
         if config is None:
-            config = getattr(source, "config", None)
+            config = source.config
             if config is None:
                 raise ValueError(
                     f"{directory}: a Hugging Face directory needs a config.json; pass `config=` "
                     f"({source.where} has none)."
                 )
         cfg = config_dict(config)
-        if layout is not None and as_layout(layout).reshapes and source.flax_named:
-            source = maxtext_view(source, cfg)  # MaxText's item as its PyTorch tensors.
+        view = None if layout is None else as_layout(layout).view
+        if view is not None and source.flax_named:
+            source = view(source, cfg)  # (MaxText's item as its PyTorch tensors.)
         # The model class itself, built on the meta device, only where it names
         # leaves or checks them; else the ties the table tells, after the plan.
         needs_model = plan is None and _needs_model(source, cfg, rules, layout)

@@ -46,24 +46,14 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bridge.naming.torch_naming import torch_plan
+from bridge.naming.torch_naming import in_torch_names
 from bridge.sources.registry import opened
 from jaxshare import AliasMap
-from jaxshare.formats import (
-    MANIFEST_FILE,
-    MANIFEST_KEY,
-    SAFE_WEIGHTS,
-    manifest_in,
-    read_header,
-    read_index,
-)
 from jaxshare.internal import (
-    Manifest,
     Perm,
     UsageError,
     cast_to,
@@ -75,7 +65,6 @@ from jaxshare.internal import (
     parallel_map,
     same_bytes,
     tensor_digest,
-    unstacked,
 )
 from jaxshare.stream import ArrayInfo, ReadAhead, TensorSource
 
@@ -201,7 +190,7 @@ class VerifyReport:
 
 
 @dataclass
-class _View:
+class _Side:
     """A source in the compared naming: each stored name's tensor (the source's
     name it is read from, and the permutation into the compared layout), and
     the ties in the compared names."""
@@ -212,24 +201,24 @@ class _View:
     read: int = 0
 
     @classmethod
-    def as_stored(cls, source: TensorSource) -> _View:
+    def as_stored(cls, source: TensorSource) -> _Side:
         return cls(source, {n: (n, None) for n in source.infos}, source.ties)
 
     @classmethod
-    def in_torch_names(cls, source: TensorSource, other: TensorSource | None) -> _View:
+    def in_torch_names(cls, source: TensorSource, other: TensorSource | None) -> _Side:
         """A Flax-named source named in PyTorch, as ``convert`` names it: by its
         naming record; without one, after ``other`` (the PyTorch-named side, whose
         layer types settle what names cannot, a GPT-2 ``Conv1D``), else by the rules
         and ``other``'s config."""
-        plan = None
+        named = None
         if source.ties.naming is None and other is not None:
             try:
-                plan = torch_plan(source, like=other)
+                named = in_torch_names(source, like=other)
             except ValueError:  # Names `other` lacks (a renamed layer): the rules, then.
-                plan = None
-        if plan is None:
-            plan = torch_plan(source, config=getattr(other, "config", None))
-        plan, reads = unstacked(plan, source)
+                named = None
+        if named is None:
+            named = in_torch_names(source, config=None if other is None else other.config)
+        plan, reads = named
         names = {e.name: (e.source, e.perm) for e in plan.entries}
         naming = plan.alias_map.naming
         if reads is source and naming is not None:  # Aliases written out: compared too.
@@ -277,13 +266,13 @@ class _View:
         return [*self.names, *(a for a in self.ties if a not in self.names)]
 
 
-def _views(a: TensorSource, b: TensorSource) -> tuple[_View, _View, str]:
+def _views(a: TensorSource, b: TensorSource) -> tuple[_Side, _Side, str]:
     if a.flax_named and b.flax_named:  # Two Flax layouts, maybe: their PyTorch names decide.
-        va, vb = _View.as_stored(a), _View.as_stored(b)
+        va, vb = _Side.as_stored(a), _Side.as_stored(b)
         if set(va.every_name()) == set(vb.every_name()):
             return va, vb, "stored"
         try:
-            ta, tb = _View.in_torch_names(a, None), _View.in_torch_names(b, None)
+            ta, tb = _Side.in_torch_names(a, None), _Side.in_torch_names(b, None)
         except (ValueError, KeyError):
             return va, vb, "stored"
         if len(set(ta.every_name()) & set(tb.every_name())) > len(
@@ -292,10 +281,10 @@ def _views(a: TensorSource, b: TensorSource) -> tuple[_View, _View, str]:
             return ta, tb, "torch"
         return va, vb, "stored"
     if a.flax_named == b.flax_named:
-        return _View.as_stored(a), _View.as_stored(b), "stored"
+        return _Side.as_stored(a), _Side.as_stored(b), "stored"
     if a.flax_named:
-        return _View.in_torch_names(a, b), _View.as_stored(b), "torch"
-    return _View.as_stored(a), _View.in_torch_names(b, a), "torch"
+        return _Side.in_torch_names(a, b), _Side.as_stored(b), "torch"
+    return _Side.as_stored(a), _Side.in_torch_names(b, a), "torch"
 
 
 # --- Bytes compared ---------------------------------------------------------------
@@ -391,7 +380,7 @@ def _compare(
 class _Read:
     """One tensor a comparison reads: ``name`` of ``view``, transposed by ``perm``."""
 
-    view: _View
+    view: _Side
     name: str
     perm: Perm | None = None
 
@@ -523,7 +512,7 @@ def verify(
         )
 
 
-def _differences(a: _View, b: _View, cast: np.dtype | None) -> tuple[list[_Step], int]:
+def _differences(a: _Side, b: _Side, cast: np.dtype | None) -> tuple[list[_Step], int]:
     """What comparing ``a`` and ``b`` is, name by name, and how many names both have."""
     findings: list[_Step] = []
     names_a, names_b = a.every_name(), b.every_name()
@@ -543,12 +532,12 @@ def _differences(a: _View, b: _View, cast: np.dtype | None) -> tuple[list[_Step]
     return findings, compared
 
 
-def _tie_text(view: _View, name: str) -> str:
+def _tie_text(view: _Side, name: str) -> str:
     canonical, perm = view.root(name)
     return f"{canonical!r}" + (f" (permute {list(perm)})" if perm is not None else "")
 
 
-def _one(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]:
+def _one(a: _Side, b: _Side, name: str, cast: np.dtype | None) -> list[_Step]:
     """The findings of one name both sides have (its checks, to resolve)."""
     tied_a, tied_b = name in a.ties, name in b.ties
     out: list[_Step] = []
@@ -583,7 +572,7 @@ def _one(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]:
     return _values(a, b, name, cast)
 
 
-def _related(view: _View, x: str, y: str) -> Perm | None | bool:
+def _related(view: _Side, x: str, y: str) -> Perm | None | bool:
     """The transform from ``y`` to ``x`` through ``view``'s ties (``False``: none)."""
     (rx, tx), (ry, ty) = view.root(x), view.root(y)
     if rx != ry:
@@ -592,12 +581,12 @@ def _related(view: _View, x: str, y: str) -> Perm | None | bool:
 
 
 def _copy(
-    view: _View,
+    view: _Side,
     name: str,
     side: str,
     *,
     written_out: bool = False,
-    tier: tuple[str, _View, str, Perm | None] | None = None,
+    tier: tuple[str, _Side, str, Perm | None] | None = None,
 ) -> list[_Step]:
     """Whether the stored ``name`` of ``view`` is bit for bit its canonical: by
     ``view``'s own tie (an alias it writes out beside the tie), or by the tie ``tier``
@@ -652,7 +641,7 @@ def _copy(
     return [_Check(_Read(view, name), _Read(view, canonical, perm), None, False, findings)]
 
 
-def _values(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]:
+def _values(a: _Side, b: _Side, name: str, cast: np.dtype | None) -> list[_Step]:
     """The findings of a name both sides store (or resolve through one tie each)."""
     ia, ib = a.info(name), b.info(name)
     if ia.shape != ib.shape:
@@ -687,41 +676,9 @@ def _values(a: _View, b: _View, name: str, cast: np.dtype | None) -> list[_Step]
 # --- One side, its manifest ------------------------------------------------------
 
 
-def _read_manifest(source: TensorSource) -> Manifest | None:
-    """The manifest jaxshare wrote into ``source`` (``None``: none): an Orbax item's
-    ``jaxshare_manifest.json``, a ``.safetensors`` file's metadata, a Hugging Face
-    directory's index metadata (or its one file's)."""
-    path = source.path
-    if path is None:
-        return None
-    if source.kind == "orbax":
-        file = Path(path) / MANIFEST_FILE
-        if not file.is_file():
-            return None
-        try:
-            return Manifest.from_json(file.read_bytes())
-        except ValueError as e:
-            raise ValueError(f"{file}: {e}") from None
-    if source.kind == "safetensors":
-        return manifest_in(read_header(path))
-    layout = getattr(source, "layout", None)
-    if source.kind == "hf" and layout is not None:
-        if layout.index is not None:
-            doc = read_index(layout.index).metadata.get(MANIFEST_KEY)
-            if doc is None:
-                return None
-            try:
-                return Manifest.from_json(json.dumps(doc))
-            except ValueError as e:
-                raise ValueError(f"{layout.index}: metadata {MANIFEST_KEY!r}: {e}") from None
-        if len(layout.files) == 1 and layout.files[0].name == SAFE_WEIGHTS:
-            return manifest_in(read_header(layout.files[0]))
-    return None
-
-
 def _against_manifest(a: str | os.PathLike | TensorSource, limit: int) -> VerifyReport:
     with opened(a, arg="a") as source:
-        manifest = _read_manifest(source)
+        manifest = source.manifest()
         if manifest is None:
             raise ValueError(
                 f"{source.where}: expected a manifest (written by `jaxshare convert --manifest`); "

@@ -8,11 +8,7 @@ only its ties, layer kinds and tensor order are asked for and the table holds th
 class, else built on the meta device where ``transformers`` (and torch) are
 installed (:mod:`bridge.hf.meta`).
 
-Without ``transformers`` a table of the usual names stands in
-(:data:`WORD_EMBEDDING_HEADS`, :data:`INPUT_EMBEDDINGS`, :data:`ALWAYS_TIED`),
-applied only where ``tie_word_embeddings`` (absent: ``True``, the default every
-transformers version writes a difference from) or the model type says the word
-embeddings are tied.
+Where neither can, the usual names stand in (:mod:`bridge.hf.usual_names`).
 """
 
 from __future__ import annotations
@@ -20,70 +16,23 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from bridge.hf.usual_names import usual_ties
 from bridge.layouts.rules import Rules
+from jaxshare.formats import CONFIG_FILE
 
 __all__ = [
-    "ALWAYS_TIED",
-    "INPUT_EMBEDDINGS",
-    "WORD_EMBEDDING_HEADS",
     "ConfigTies",
     "config_dict",
     "config_ties",
     "encoder_decoder_ties",
     "has_transformers",
 ]
-
-#: Model types whose word embeddings transformers ties whatever
-#: ``tie_word_embeddings`` says (their config classes set it to ``True``).
-ALWAYS_TIED: frozenset[str] = frozenset({"t5", "mt5", "umt5", "longt5", "pop2piano", "udop"})
-
-#: The output head(s) tied to the input embedding, by what else the files hold:
-#: ``(a tensor the family stores, {head tensor: tensor it is tied to})``; the first
-#: family whose marker the files hold wins, the last (marker ``None``) is the rest.
-#: ``"<embedding>"`` stands for the input embedding (:data:`INPUT_EMBEDDINGS`).
-WORD_EMBEDDING_HEADS: tuple[tuple[str | None, Mapping[str, str]], ...] = (
-    (  # BERT and its kin: the decoder's weight and bias.
-        "cls.predictions.bias",
-        MappingProxyType(
-            {
-                "cls.predictions.decoder.weight": "<embedding>",
-                "cls.predictions.decoder.bias": "cls.predictions.bias",
-            }
-        ),
-    ),
-    (  # RoBERTa and its kin.
-        "lm_head.bias",
-        MappingProxyType(
-            {"lm_head.decoder.weight": "<embedding>", "lm_head.decoder.bias": "lm_head.bias"}
-        ),
-    ),
-    (None, MappingProxyType({"lm_head.weight": "<embedding>"})),
-)
-
-#: Input word embeddings, best first: the tensor a head is tied to is the first
-#: (shortest name first) whose name matches. Encoder-decoder models (T5, BART) tie
-#: ``[prefix.]encoder.embed_tokens.weight`` and ``[prefix.]decoder.embed_tokens.weight``
-#: to ``[prefix.]shared.weight`` too.
-INPUT_EMBEDDINGS: tuple[str, ...] = (
-    r"(.+\.)?shared\.weight",
-    r"(.+\.)?(embeddings\.)?word_embeddings\.weight",
-    r"(.+\.)?wte\.weight",
-    r"(.+\.)?embed_tokens\.weight",
-    r"(.+\.)?embed_in\.weight",
-    r"(.+\.)?tok_embeddings\.weight",
-)
-
-#: Architectures (``config.json`` ``architectures``) that have an output head.
-_HEADED = re.compile(
-    r"(LMHead|ForCausalLM|ForConditionalGeneration|ForMaskedLM|ForPreTraining|WithLMHead)"
-)
 
 
 @dataclass(frozen=True)
@@ -109,6 +58,10 @@ class ConfigTies:
         (names the model lacks last); ``None`` where nothing says it.
       tabulated: whether the table generated from transformers told
         (:mod:`bridge.hf.table`: no :attr:`names`, :attr:`model` or renames).
+      encoder_decoder: the ties of ``tie_encoder_decoder`` for the decoder names
+        the files leave out (:func:`encoder_decoder_ties`), where the config sets
+        it and the model class names them: declared, but transformers 5 no longer
+        makes them, so a writer stores those names.
     """
 
     ties: Mapping[str, str]
@@ -120,6 +73,7 @@ class ConfigTies:
     load_name: Callable[[str], str] = field(default=str, repr=False, compare=False)
     order: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
     tabulated: bool = False
+    encoder_decoder: Mapping[str, str] = field(default_factory=dict)
 
 
 def config_dict(config: Any) -> dict:
@@ -136,7 +90,7 @@ def config_dict(config: Any) -> dict:
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         if path.is_dir():
-            path = path / "config.json"
+            path = path / CONFIG_FILE
         try:
             data = json.loads(path.read_bytes().decode("utf-8"))
         except FileNotFoundError:
@@ -199,6 +153,7 @@ def config_ties(
         if found is not None:
             ties, layers, names, model, load_name = found
             rank = {name: i for i, name in enumerate(names)}
+            pairs = encoder_decoder_ties(names, stored) if config.get("tie_encoder_decoder") else {}
             return ConfigTies(
                 ties,
                 layers,
@@ -207,68 +162,14 @@ def config_ties(
                 model=model,
                 load_name=load_name,
                 order=lambda name: rank.get(name, len(rank)),
+                encoder_decoder=pairs,
             )
-    return _table_ties(config, stored)
-
-
-def _word_embeddings_tied(config: Mapping[str, Any]) -> bool:
-    if config.get("model_type") in ALWAYS_TIED:
-        return True
-    for part in (config, config.get("text_config") or {}):
-        if isinstance(part, Mapping) and "tie_word_embeddings" in part:
-            return bool(part["tie_word_embeddings"])
-    return True
-
-
-def _table_ties(config: Mapping[str, Any], stored: Collection[str]) -> ConfigTies:
-    """The ties the table names (see the module docstring)."""
-    unnamed: list[str] = []
-    if config.get("tie_encoder_decoder"):
-        unnamed.append(
-            "config.json sets tie_encoder_decoder, whose ties only the model class names; "
-            "install transformers (`pip install 'jaxshare[hf]'`) to recover them"
-        )
-    if not _word_embeddings_tied(config):
-        return ConfigTies({}, unnamed=tuple(unnamed))
-    names = sorted(stored, key=lambda n: (n.count("."), len(n), n))
-    ties: dict[str, str] = {}
-    # Encoder-decoder models: every stack's embed_tokens is the shared embedding.
-    for name in names:
-        m = re.fullmatch(r"(.+\.)?shared\.weight", name)
-        if m is None:
-            continue
-        prefix = m.group(1) or ""
-        for stack in ("encoder", "decoder"):
-            alias = f"{prefix}{stack}.embed_tokens.weight"
-            holds_stack = any(n.startswith(f"{prefix}{stack}.") for n in stored)
-            if alias not in stored and holds_stack:
-                ties[alias] = name
-    embedding = next(
-        (n for pattern in INPUT_EMBEDDINGS for n in names if re.fullmatch(pattern, n)), None
-    )
-    architectures = config.get("architectures") or []
-    headed = any(isinstance(a, str) and _HEADED.search(a) for a in architectures)
-    if headed:
-        heads = next(h for marker, h in WORD_EMBEDDING_HEADS if marker is None or marker in stored)
-        for alias, canonical in heads.items():
-            if alias in stored:
-                continue
-            if canonical == "<embedding>":
-                if embedding is None:
-                    unnamed.append(
-                        f"config.json ties the word embeddings, but no stored tensor is an "
-                        f"input embedding jaxshare knows to tie {alias!r} to; install "
-                        "transformers (`pip install 'jaxshare[hf]'`) to name the ties exactly"
-                    )
-                    continue
-                canonical = embedding
-            if canonical in stored:
-                ties[alias] = canonical
-    return ConfigTies(ties, unnamed=tuple(unnamed))
+    ties, unnamed = usual_ties(config, stored)
+    return ConfigTies(ties, unnamed=unnamed)
 
 
 def encoder_decoder_ties(
-    names: Mapping[str, tuple[int, ...]], stored: Mapping[str, Any]
+    names: Mapping[str, tuple[int, ...]], stored: Collection[str]
 ) -> dict[str, str]:
     """The ties of ``tie_encoder_decoder`` (transformers 4 tied each decoder weight
     to the encoder's of the same module path; transformers 5 no longer does), for

@@ -20,6 +20,7 @@ Its ties come from three places, each recorded as the tie's origin:
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,14 +29,23 @@ from typing import Any
 
 import numpy as np
 
-from bridge.hf.config import ConfigTies, config_dict, config_ties, encoder_decoder_ties
+from bridge.hf.config import ConfigTies, config_dict, config_ties
 from bridge.layouts.rules import Rules, as_rules
 from jaxshare import AliasMap
-from jaxshare.formats import CONFIG_FILE, hf_layout, open_weights_file, read_index
-from jaxshare.internal import FileRange, Index, file_part
+from jaxshare.formats import (
+    CONFIG_FILE,
+    INDEX_SUFFIX,
+    MANIFEST_KEY,
+    Reader,
+    hf_layout,
+    is_hf_input,
+    open_weights_file,
+    read_index,
+)
+from jaxshare.internal import FileRange, Index, Manifest, file_part
 from jaxshare.stream import ArrayInfo, TensorSource
 
-__all__ = ["HFDirectory"]
+__all__ = ["READER", "HFDirectory"]
 
 
 class HFDirectory(TensorSource):
@@ -88,9 +98,7 @@ class HFDirectory(TensorSource):
         self.path = layout.directory
         files = layout.model_files()
         self.assets, self.other_files = files.assets, files.other
-        self.config: dict | None = None
-        if layout.config is not None:
-            self.config = config_dict(layout.config)
+        self.config = None if layout.config is None else config_dict(layout.config)
         self._shards: list[TensorSource] = []
         try:
             self._open(rules, use_transformers)
@@ -147,6 +155,7 @@ class HFDirectory(TensorSource):
         self.infos = infos
         self.ties = AliasMap(ties, transforms=transforms, naming=naming)
         self.origins = {a: origins[a] for a in self.ties}
+        self.unapplied_ties = tuple(t for shard in self._shards for t in shard.unapplied_ties)
         self.layers = found.layers
         self._storage = frozenset(a for a, o in self.origins.items() if o == "storage")
         parts = [] if layout.index is None else [f"{layout.index.name}: {len(owner)} tensors"]
@@ -176,9 +185,8 @@ class HFDirectory(TensorSource):
         for line in found.unnamed:
             warnings.warn(f"{self.path}: {line}.", stacklevel=4)
         declared = dict(found.ties)
-        if self.config and self.config.get("tie_encoder_decoder") and found.names is not None:
-            for alias, canonical in encoder_decoder_ties(found.names, infos).items():
-                declared.setdefault(alias, canonical)
+        for alias, canonical in found.encoder_decoder.items():
+            declared.setdefault(alias, canonical)
         mention: dict[str, int] = {}  # Each name's first mention, a canonical before its alias.
         for alias, canonical in declared.items():
             mention.setdefault(canonical, len(mention))
@@ -207,6 +215,20 @@ class HFDirectory(TensorSource):
     @property
     def written_out(self) -> frozenset[str]:
         return frozenset(a for a in self.ties if a in self.infos and a not in self._storage)
+
+    def manifest(self) -> Manifest | None:
+        """The manifest in the index's metadata, or in the one shard's where there is
+        no index (``convert --manifest``)."""
+        layout = self.layout
+        if layout.index is None:
+            return self._shards[0].manifest() if len(self._shards) == 1 else None
+        doc = read_index(layout.index).metadata.get(MANIFEST_KEY)
+        if doc is None:
+            return None
+        try:
+            return Manifest.from_json(json.dumps(doc))
+        except ValueError as e:
+            raise ValueError(f"{layout.index}: metadata {MANIFEST_KEY!r}: {e}") from None
 
     def _shard(self, name: str) -> TensorSource:
         try:
@@ -252,3 +274,18 @@ def _check_index(index: Path, files: tuple[Path, ...], owner: Mapping[str, int])
             f"{files[owner[unlisted[0]]]}: holds {unlisted[:3]}, which {index.name} does not "
             "list; the index does not fit its shards."
         )
+
+
+def _open(path: Path, *, rules: Rules | None = None) -> HFDirectory:
+    return HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
+
+
+#: The reader of Hugging Face directories (given as the directory, its index or its
+#: ``config.json``), the last one ``bridge.open_source`` tries.
+READER = Reader(
+    "hf",
+    f"a Hugging Face directory (or its *{INDEX_SUFFIX})",
+    is_hf_input,
+    _open,
+    options=("rules",),
+)

@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from bridge.layouts.maxtext import maxtext_view
 from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
 from jaxshare.internal import split
+from jaxshare.stream import TensorSource
 
 __all__ = [
     "JAXSHARE",
@@ -150,10 +152,11 @@ class Layout:
       rules: the naming and layout rules, in order.
       collections: whether paths start with the linen collection (``params/``).
       families: family quirks, found by ``config.json``'s ``model_type``.
-      reshapes: the layout reshapes and rescales tensors, beyond naming and
-        permuting them (MaxText's heads on axes of their own, its scaled query):
-        its files are converted by a source of its own (``bridge.layouts.maxtext``),
-        in ``convert``, ``save_hf`` and ``to_flax`` of files, not by rules.
+      view: where the layout reshapes and rescales tensors beyond naming and
+        permuting them (MaxText's heads on axes of their own, its scaled query),
+        the source that reads a tree of the layout in PyTorch names, and PyTorch
+        names as the tree (``view(source, config)``, by the source's naming):
+        such a layout converts by its view, never by rules.
 
     >>> TRANSFORMERS_FLAX.family({"model_type": "llama"}).tied_leaves
     frozenset({'lm_head.weight'})
@@ -163,7 +166,7 @@ class Layout:
     rules: tuple[Rule, ...]
     collections: bool = True
     families: tuple[Family, ...] = ()
-    reshapes: bool = False
+    view: Callable[[TensorSource, Mapping[str, Any] | None], TensorSource] | None = None
 
     def family(self, config: Mapping[str, Any] | None) -> Family | None:
         """The family of ``config`` (a ``config.json`` dict), ``None`` if none is known."""
@@ -173,7 +176,7 @@ class Layout:
     def resolve(self, config: Mapping[str, Any] | None, base: RulesArg = None) -> Rules:
         """The rules of this layout for the model of ``config``; ``base`` gives the
         layer tables and list naming (a layout replaces its rule list)."""
-        if self.reshapes:
+        if self.view is not None:
             raise ValueError(
                 f"the {self.name} layout reshapes tensors, which naming rules cannot: convert "
                 f"its files with `jaxshare convert --layout {self.name}` (bridge.convert, "
@@ -207,7 +210,7 @@ TRANSFORMERS_FLAX = Layout(
 
 #: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
 #: layers/...``, the layers on axis 1), converted by ``bridge.layouts.maxtext``.
-MAXTEXT = Layout("maxtext", DEFAULT_RULES, reshapes=True)
+MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=maxtext_view)
 
 #: The layouts by name.
 LAYOUTS: Mapping[str, Layout] = MappingProxyType(

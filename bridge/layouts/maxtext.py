@@ -113,6 +113,7 @@ from typing import Any, Literal
 import numpy as np
 
 from jaxshare import AliasMap
+from jaxshare.formats import CONFIG_FILE
 from jaxshare.internal import Index, numpy_dtype
 from jaxshare.stream import ArrayInfo, TensorSource
 
@@ -386,7 +387,7 @@ def torch_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     >>> len(shapes), shapes["model.layers.1.self_attn.k_proj.weight"]
     (21, (4, 8))
     """
-    model = _model(config, "config.json", None)
+    model = _model(config, CONFIG_FILE, None)
     return {
         name: model.torch_shape(kind)
         for name, _, kind, _ in _tensors(model)
@@ -417,7 +418,7 @@ class _Leaf:
     layer: int | None  # Its index on the scan axis of ``path``; ``None``: the whole leaf.
 
 
-class _View(TensorSource):
+class _MaxTextSource(TensorSource):
     """What both directions share: the wrapped source, the model its config describes."""
 
     _source: TensorSource
@@ -434,7 +435,7 @@ class _View(TensorSource):
     ) -> tuple[_Model, Mapping[str, Any]]:
         self._source = source
         if config is None:
-            config = getattr(source, "config", None)
+            config = source.config
         self._model = _model(config, source.where, interleaved_rope)
         assert config is not None  # (`_model` refuses anything but a mapping.)
         self.config = config
@@ -442,7 +443,7 @@ class _View(TensorSource):
         return self._model, config
 
 
-class MaxTextToTorch(_View):
+class MaxTextToTorch(_MaxTextSource):
     """A MaxText item's weights as the Hugging Face PyTorch state dict of the model.
 
     Wraps a Flax-named source in MaxText's layout (an Orbax item,
@@ -556,7 +557,7 @@ class MaxTextToTorch(_View):
         self._leaves, self.infos = leaves, infos
         if head_missing:
             self.ties = AliasMap({_HEAD_NAME: _EMBED_NAME})
-            self.origins = {_HEAD_NAME: "config.json"}
+            self.origins = {_HEAD_NAME: CONFIG_FILE}
 
     @property
     def where(self) -> str:
@@ -645,7 +646,7 @@ def _find_prefix(names: Sequence[str], where: str) -> tuple[str, ...]:
     )
 
 
-class TorchToMaxText(_View):
+class TorchToMaxText(_MaxTextSource):
     """A Hugging Face model's tensors as the tree a MaxText run restores.
 
     Wraps a PyTorch-named source (a Hugging Face directory,

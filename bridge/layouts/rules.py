@@ -33,7 +33,7 @@ __all__ = [
     "Rule",
     "Rules",
     "RulesArg",
-    "Target",
+    "Candidate",
     "TorchLeaf",
     "as_rules",
     "candidates",
@@ -315,7 +315,7 @@ class TorchLeaf:
 
 
 @dataclass(frozen=True)
-class Target:
+class Candidate:
     """Where a tensor goes: its collection, Flax leaf name and axis permutation."""
 
     collection: str
@@ -323,7 +323,7 @@ class Target:
     perm: Perm | None
 
 
-def candidates(leaf: TorchLeaf, rules: Rules) -> list[Target]:
+def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
     """Every place ``leaf`` can go, best first, distinct.
 
     The last candidate keeps the PyTorch name and layout, in ``params`` (or in
@@ -332,11 +332,11 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Target]:
     >>> [(t.name, t.perm) for t in candidates(TorchLeaf("head.weight", (3, 2)), Rules())]
     [('kernel', (1, 0)), ('kernel', None), ('embedding', None), ('scale', None), ('weight', None)]
     >>> candidates(TorchLeaf("wte.weight", (3, 2), layer="embedding"), Rules())
-    [Target(collection='params', name='embedding', perm=None)]
+    [Candidate(collection='params', name='embedding', perm=None)]
     """
     ndim = len(leaf.shape) - leaf.stacked  # (A stack's rules are its layers'.)
     axes = [leaf.stack or 0] if leaf.stacked else [None]
-    out: list[Target] = []
+    out: list[Candidate] = []
     for rule in rules.rules:
         if rule.torch != leaf.name or not rule.fits(ndim):
             continue
@@ -344,12 +344,12 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Target]:
             continue
         for axis in axes:
             perm = rule.perm(ndim) if axis is None else lift(rule.perm(ndim), ndim, axis)
-            target = Target(rule.collection, rule.flax, perm)
+            target = Candidate(rule.collection, rule.flax, perm)
             if target not in out:
                 out.append(target)
     if not out or leaf.layer is None:
         perm = None if axes[0] is None else lift(None, ndim, axes[0])
-        fallback = Target("buffers" if leaf.buffer else "params", leaf.name, perm)
+        fallback = Candidate("buffers" if leaf.buffer else "params", leaf.name, perm)
         if fallback not in out:
             out.append(fallback)
     return out

@@ -2,8 +2,8 @@
 
 Placing reads only names, shapes, layer kinds, ties and a naming record -- never a
 tensor -- and decides, for every name, a Flax path and the PyTorch -> Flax axis
-permutation (a :class:`Slot`), and turns the PyTorch ties into an alias map in
-Flax paths: a :class:`FlaxPlan`. :func:`bridge.to_flax` moves the values after
+permutation (a :class:`Place`), and turns the PyTorch ties into an alias map in
+Flax paths: a :class:`FlaxPlacement`. :func:`bridge.to_flax` moves the values after
 it, :func:`bridge.flax_plan` streams them into files after it, and
 :func:`bridge.flax_alias_map` keeps only its ties; all three start from
 :func:`place_source`, so every route places a tensor the same way.
@@ -35,19 +35,19 @@ import numpy as np
 
 from bridge.layouts.layout import Family, Layout, as_layout, layout_rules
 from bridge.layouts.rules import (
+    Candidate,
     Rules,
     RulesArg,
-    Target,
     TorchLeaf,
     as_rules,
     candidates,
     guess_kind,
     module_variants,
 )
-from bridge.sources.declared import DeclaredTies
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
     Perm,
+    RetiedSource,
     StackedSource,
     compose,
     inverse,
@@ -60,17 +60,17 @@ from jaxshare.internal import (
 from jaxshare.stream import Plan, PlanEntry, TensorSource
 
 if TYPE_CHECKING:
-    from bridge.naming.target import TargetTree
+    from bridge.naming.like import LikeTree
     from bridge.sources.registry import Source
 
 __all__ = [
-    "FlaxPlan",
-    "Slot",
-    "default_slot",
+    "FlaxPlacement",
+    "Place",
+    "default_place",
     "flax_plan",
-    "place",
+    "place_in",
     "place_source",
-    "plan_flax",
+    "place_leaves",
     "torch_leaves",
 ]
 
@@ -78,7 +78,7 @@ FlaxPath = tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class Slot:
+class Place:
     """Where one tensor lives in the Flax tree.
 
     Attributes:
@@ -99,69 +99,71 @@ class Slot:
         return render(self.path)
 
 
-def _slot(
-    leaf: TorchLeaf, target: Target, module: FlaxPath, collection: bool, rules: Rules
-) -> Slot:
-    parts = ((target.collection,) if collection else ()) + module + (target.name,)
+def _place_of(
+    leaf: TorchLeaf, candidate: Candidate, module: FlaxPath, collection: bool, rules: Rules
+) -> Place:
+    parts = ((candidate.collection,) if collection else ()) + module + (candidate.name,)
     plain = module_variants(leaf.module, False, rules.modules)[0]  # (linen: list items joined)
-    return Slot(parts, target.perm, collection, module != plain)
+    return Place(parts, candidate.perm, collection, module != plain)
 
 
-def _spellings(leaf: TorchLeaf, target: Target, rules: Rules) -> list[Slot]:
-    """Every spelling of ``target``'s path: list namings, with and without collection."""
+def _spellings(leaf: TorchLeaf, candidate: Candidate, rules: Rules) -> list[Place]:
+    """Every spelling of ``candidate``'s path: list namings, with and without collection."""
     modules = module_variants(leaf.module, rules.linen_lists, rules.modules)
-    return [_slot(leaf, target, module, c, rules) for module in modules for c in (True, False)]
+    return [
+        _place_of(leaf, candidate, module, c, rules) for module in modules for c in (True, False)
+    ]
 
 
-def default_slot(
+def default_place(
     leaf: TorchLeaf, rules: Rules, *, collection: bool | None = None, linen: bool | None = None
-) -> Slot:
+) -> Place:
     """The place of ``leaf`` when no tree decides: its first candidate, spelled
     with or without the collection (default: as the rules say) and with linen's
     list naming or not.
 
-    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules()).name
+    >>> default_place(TorchLeaf("h.0.fc.weight", (3, 2)), Rules()).name
     'params/h/0/fc/kernel'
-    >>> default_slot(TorchLeaf("h.0.fc.weight", (3, 2)), Rules(collections=False)).name
+    >>> default_place(TorchLeaf("h.0.fc.weight", (3, 2)), Rules(collections=False)).name
     'h/0/fc/kernel'
     """
     linen = rules.linen_lists if linen is None else linen
     module = module_variants(leaf.module, linen, rules.modules)[0]
     collection = rules.collections if collection is None else collection
-    return _slot(leaf, candidates(leaf, rules)[0], module, collection, rules)
+    return _place_of(leaf, candidates(leaf, rules)[0], module, collection, rules)
 
 
-def place(
+def place_in(
     leaves: list[TorchLeaf],
     index: Mapping[FlaxPath, tuple[int, ...]],
     rules: Rules,
     *,
     optional: Collection[str] = (),
     what: str = "`like`",
-) -> tuple[dict[str, Slot], list[str]]:
+) -> tuple[dict[str, Place], list[str]]:
     """Places each leaf at a path of ``index`` (``{flax path: shape}``).
 
     Returns:
-      ``({key: Slot}, problems)``. A leaf in ``optional`` (a tie's alias) with
+      ``({key: Place}, problems)``. A leaf in ``optional`` (a tie's alias) with
       no place is left out silently; any other leaf with no place, a shape that
       fits no candidate, or two leaves at one path is a problem, named.
     """
-    slots: dict[str, Slot] = {}
+    places: dict[str, Place] = {}
     taken: dict[FlaxPath, str] = {}
     problems: list[str] = []
     for leaf in leaves:
         tried: list[str] = []
-        found: Slot | None = None
-        for target in _targets(leaf, rules):
-            for slot in _spellings(leaf, target, rules):
-                shape = index.get(slot.path)
+        found: Place | None = None
+        for candidate in _candidates_of(leaf, rules):
+            for place in _spellings(leaf, candidate, rules):
+                shape = index.get(place.path)
                 if shape is None:
                     continue
-                want = permute_shape(leaf.shape, slot.perm)
+                want = permute_shape(leaf.shape, place.perm)
                 if tuple(shape) == want:
-                    found = slot
+                    found = place
                     break
-                tried.append(f"{slot.name!r} has shape {tuple(shape)}, not {want}")
+                tried.append(f"{place.name!r} has shape {tuple(shape)}, not {want}")
             if found is not None:
                 break
         if found is None:
@@ -181,16 +183,16 @@ def place(
             problems.append(f"{leaf.key!r} and {taken[found.path]!r} both go to {found.name!r}")
             continue
         taken[found.path] = leaf.key
-        slots[leaf.key] = found
-    return slots, problems
+        places[leaf.key] = found
+    return places, problems
 
 
-def _targets(leaf: TorchLeaf, rules: Rules) -> list[Target]:
+def _candidates_of(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
     """The candidates of ``leaf``; for a stack whose axis a target tree is to find,
     those of every axis the layers can go on, axis 0 first."""
     if not leaf.stacked or leaf.stack is not None:
         return candidates(leaf, rules)
-    out: list[Target] = []
+    out: list[Candidate] = []
     for axis in range(len(leaf.shape)):
         out += [t for t in candidates(dataclasses.replace(leaf, stack=axis), rules) if t not in out]
     return out
@@ -206,7 +208,7 @@ def torch_leaves(
     shapes choose among every candidate."""
     ties = source.ties if ties is None else ties
     layers = source.layers or {}
-    buffers = getattr(source, "buffers", None)
+    buffers = source.buffers
     shapes = {name: info.shape for name, info in source.infos.items()}
     missing = sorted({c for c in ties.values() if c not in shapes})
     if missing:
@@ -233,18 +235,18 @@ def torch_leaves(
 
 
 @dataclass(frozen=True)
-class FlaxPlan:
+class FlaxPlacement:
     """Where every tensor of a source goes in Flax, decided from metadata alone:
     what :func:`place_source` returns.
 
     Attributes:
-      slots: PyTorch name -> its Flax path and PyTorch -> Flax permutation, for
+      places: PyTorch name -> its Flax path and PyTorch -> Flax permutation, for
         every tensor and alias.
       stored: PyTorch names whose tensors are stored (canonicals and untied),
         in the source's order.
       alias_map: the ties in Flax paths, with their transforms and the naming
-        record of every slot.
-      target: the target tree the tensors were placed in (``like=``), if any.
+        record of every place.
+      like: the target tree the tensors were placed in (``like=``), taken apart, if any.
       copies: ``{name: (stored name, PyTorch -> Flax permutation)}`` of the tied
         names the Flax tree holds as leaves of their own (``Rules.tied_leaves``):
         stored, read from the tensor they are tied to.
@@ -253,17 +255,17 @@ class FlaxPlan:
         ``(L, *layer)``, see :class:`jaxshare.internal.StackedSource`).
     """
 
-    slots: dict[str, Slot]
+    places: dict[str, Place]
     stored: list[str]
     alias_map: AliasMap
-    target: TargetTree | None = None
+    like: LikeTree | None = None
     copies: dict[str, tuple[str, Perm | None]] = dataclasses.field(default_factory=dict)
     reads: TensorSource | None = None
 
     def source_of(self, key: str) -> tuple[str, Perm | None]:
         """The stored tensor a stored name is read from, and the permutation from its
         layout to the name's Flax leaf."""
-        return self.copies.get(key, (key, self.slots[key].perm))
+        return self.copies.get(key, (key, self.places[key].perm))
 
     def plan(self, source: TensorSource) -> Plan:
         """The streaming plan: each stored tensor of ``source`` written at its Flax
@@ -274,7 +276,7 @@ class FlaxPlan:
         for key in self.stored:
             base, perm = self.source_of(key)
             info = source.infos[base].permuted(perm)
-            entries.append(PlanEntry(self.slots[key].name, base, perm, info))
+            entries.append(PlanEntry(self.places[key].name, base, perm, info))
         return Plan(tuple(entries), self.alias_map)
 
 
@@ -286,19 +288,19 @@ def place_source(
     rules: RulesArg = None,
     ties: AliasMap | None = None,
     layout: str | Layout | None = None,
-) -> FlaxPlan:
+) -> FlaxPlacement:
     """Places every tensor of an opened ``source`` in Flax paths (in ``like``, a
     target tree, when given), with ``ties`` (default: the source's own), by the
     rules of ``layout`` for the source's model (its ``config``) or by ``rules``."""
-    config = getattr(source, "config", None)
+    config = source.config
     rules = layout_rules(layout, rules, config)
-    target = None
+    tree = None
     if like is not None:
-        from bridge.naming.target import target_tree  # (JAX: `like` is a Flax tree.)
+        from bridge.naming.like import like_tree  # (JAX: `like` is a Flax tree.)
 
-        target = target_tree(like)
+        tree = like_tree(like)
     given = source
-    source = stack_layers(source, rules, None if target is None else target.index, ties)
+    source = stack_layers(source, rules, None if tree is None else tree.index, ties)
     if source is not given and ties is not None:
         ties = source.ties  # (The given ties, the layers stacked: see `stack_layers`.)
     ties = source.ties if ties is None else ties
@@ -308,9 +310,9 @@ def place_source(
         kept = {a: c for a, c in ties.items() if a not in left_out and c not in left_out}
         transforms = {a: p for a, p in ties.transforms.items() if a in kept}
         ties = AliasMap(kept, transforms=transforms, naming=ties.naming)
-    leaves = torch_leaves(source, rules, ties, guess=target is None)
+    leaves = torch_leaves(source, rules, ties, guess=tree is None)
     leaves = [leaf for leaf in leaves if leaf.key not in left_out]
-    plan = plan_flax(leaves, ties, target, rules, ties.naming)
+    plan = place_leaves(leaves, ties, tree, rules, ties.naming)
     return plan if source is given else dataclasses.replace(plan, reads=source)
 
 
@@ -337,7 +339,7 @@ def stack_layers(
     if not prefixes:
         return source
     if ties is not None and ties is not source.ties:
-        source = DeclaredTies(source, ties)  # (A caller's merged ties, checked already.)
+        source = RetiedSource(source, ties)  # (A caller's merged ties, checked already.)
     return StackedSource(source, prefixes)
 
 
@@ -362,15 +364,15 @@ def _stacked_in(
                 member[0], source.infos[member[0]].shape, (source.layers or {}).get(owner)
             )
             if any(
-                slot.path in index
+                place.path in index
                 for t in candidates(own, rules)
-                for slot in _spellings(own, t, rules)
+                for place in _spellings(own, t, rules)
             ):
                 break
             if any(
-                slot.path in index
-                for t in _targets(leaf, rules)
-                for slot in _spellings(leaf, t, rules)
+                place.path in index
+                for t in _candidates_of(leaf, rules)
+                for place in _spellings(leaf, t, rules)
             ):
                 found.add(head)
                 break
@@ -408,13 +410,13 @@ def _left_out(source: TensorSource, family: Family, config: Mapping[str, Any] | 
     return computed | set(absent)
 
 
-def plan_flax(
+def place_leaves(
     leaves: list[TorchLeaf],
     aliases: AliasMap,
-    like: TargetTree | None,
+    like: LikeTree | None,
     rules: Rules,
     naming: NamingRecord | None = None,
-) -> FlaxPlan:
+) -> FlaxPlacement:
     """Places every leaf in Flax paths and turns the PyTorch ties into an alias map.
 
     Without ``like`` a recorded ``naming`` (a file jaxshare wrote from Flax)
@@ -429,20 +431,20 @@ def plan_flax(
     order = {leaf.key: i for i, leaf in enumerate(leaves)}
     tied = {k for members in groups.values() for k in members}
     problems: list[str] = []
-    recorded = _recorded_slots(naming, leaves) if like is None else None
+    recorded = _recorded_places(naming, leaves) if like is None else None
     if recorded is not None:
-        slots = recorded
+        places = recorded
     elif like is None:
         # Each tie's first name, and every untied or typed name, by the rules; the
         # other names of a tie follow their canonical below.
         firsts = {min(members, key=order.__getitem__) for members in groups.values()}
-        slots = {
-            leaf.key: default_slot(leaf, rules)
+        places = {
+            leaf.key: default_place(leaf, rules)
             for leaf in leaves
             if leaf.key not in tied or leaf.key in firsts or leaf.layer is not None
         }
     else:
-        slots, problems = place(leaves, like.index, rules, optional=tied)
+        places, problems = place_in(leaves, like.index, rules, optional=tied)
     by_key = {leaf.key: leaf for leaf in leaves}
     amap: dict[str, str] = {}
     transforms: dict[str, Perm | None] = {}
@@ -452,34 +454,36 @@ def plan_flax(
         members.sort(key=order.__getitem__)
         # The canonical is the first name placed at a leaf the result holds (not at a
         # path an NNX graph reaches a shared Variable by, which its state drops).
-        kept = like.shapes if like is not None else {slot.path for slot in slots.values()}
-        placed = sorted((k for k in members if k in slots), key=lambda k: slots[k].path not in kept)
+        kept = like.shapes if like is not None else {place.path for place in places.values()}
+        placed = sorted(
+            (k for k in members if k in places), key=lambda k: places[k].path not in kept
+        )
         if not placed:
             problems.append(f"none of the tied names {members} has a place in `like`")
             continue
-        canonical = slots[placed[0]]
+        canonical = places[placed[0]]
         # Each member m is T(root, t_m) in PyTorch (t_m its own transform, the root
-        # being the tie's PyTorch canonical) and T(root, P_m) in Flax, P_m = slot_m . t_m;
+        # being the tie's PyTorch canonical) and T(root, P_m) in Flax, P_m = place_m . t_m;
         # so the Flax alias m is T(flax canonical c, P_m . P_c^-1).
         from_root = inverse(_root_perm(canonical, placed[0], aliases))
         for key in members:
             if key == placed[0]:
                 continue
-            if key not in slots:  # No place: the tie stays in the alias map.
-                slots[key] = _alias_slot(by_key[key], canonical, by_key[placed[0]].name, rules)
-            slot = slots[key]
+            if key not in places:  # No place: the tie stays in the alias map.
+                places[key] = _alias_place(by_key[key], canonical, by_key[placed[0]].name, rules)
+            place = places[key]
             if key in rules.tied_leaves and key in aliases and like is None:
                 # A leaf of its own all the same: written out from the tensor it is tied to.
-                copies[key] = (aliases[key], _root_perm(slot, key, aliases))
+                copies[key] = (aliases[key], _root_perm(place, key, aliases))
                 continue
             alias_keys.add(key)
-            amap[slot.name] = canonical.name
-            transforms[slot.name] = compose(_root_perm(slot, key, aliases), from_root)
+            amap[place.name] = canonical.name
+            transforms[place.name] = compose(_root_perm(place, key, aliases), from_root)
     taken: dict[FlaxPath, str] = {}
-    for key, slot in slots.items():  # (`place` has reported collisions among placed tensors)
-        other = taken.setdefault(slot.path, key)
+    for key, place in places.items():  # (`place` has reported collisions among placed tensors)
+        other = taken.setdefault(place.path, key)
         if other != key:
-            problems.append(f"{other!r} and {key!r} both go to {slot.name!r}")
+            problems.append(f"{other!r} and {key!r} both go to {place.name!r}")
     if like is not None:
         empty = [f"{render(p)!r} {s}" for p, s in like.shapes.items() if p not in taken]
         if empty:
@@ -494,18 +498,18 @@ def plan_flax(
         )
     stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
     record = NamingRecord(
-        {slots[leaf.key].name: (leaf.key, slots[leaf.key].perm) for leaf in leaves}
+        {places[leaf.key].name: (leaf.key, places[leaf.key].perm) for leaf in leaves}
     )
     alias_map = AliasMap(amap, transforms=transforms, naming=record)
-    return FlaxPlan(slots, stored, alias_map, like, copies)
+    return FlaxPlacement(places, stored, alias_map, like, copies)
 
 
-def _root_perm(slot: Slot, key: str, aliases: AliasMap) -> Perm | None:
+def _root_perm(place: Place, key: str, aliases: AliasMap) -> Perm | None:
     """The permutation from a tie's PyTorch canonical to ``key``'s Flax value."""
-    return compose(slot.perm, aliases.transform(key) if key in aliases else None)
+    return compose(place.perm, aliases.transform(key) if key in aliases else None)
 
 
-def _alias_slot(leaf: TorchLeaf, canonical: Slot, canonical_leaf: str, rules: Rules) -> Slot:
+def _alias_place(leaf: TorchLeaf, canonical: Place, canonical_leaf: str, rules: Rules) -> Place:
     """The place of an alias that nothing else places: the rules' name for its layer
     when the layer is known (or its module name tells it: ``lm_head``); else, when it
     has its canonical's leaf name (``decoder.weight`` tied to ``encoder.weight``), the
@@ -515,23 +519,25 @@ def _alias_slot(leaf: TorchLeaf, canonical: Slot, canonical_leaf: str, rules: Ru
     own = {"collection": canonical.collection, "linen": canonical.linen}
     kind = leaf.layer or guess_kind(".".join(leaf.module), rules)
     if kind is not None:
-        return default_slot(dataclasses.replace(leaf, layer=kind), rules, **own)
+        return default_place(dataclasses.replace(leaf, layer=kind), rules, **own)
     if leaf.name != canonical_leaf:
-        return default_slot(leaf, rules, **own)
+        return default_place(leaf, rules, **own)
     module = module_variants(leaf.module, canonical.linen, rules.modules)[0]
     prefix = canonical.path[:1] if canonical.collection else ()
     parts = prefix + module + canonical.path[-1:]
-    return Slot(parts, canonical.perm, canonical.collection, canonical.linen)
+    return Place(parts, canonical.perm, canonical.collection, canonical.linen)
 
 
-def _recorded_slots(naming: NamingRecord | None, leaves: list[TorchLeaf]) -> dict[str, Slot] | None:
-    """The slots a naming record gives, when it names every leaf; else ``None``."""
+def _recorded_places(
+    naming: NamingRecord | None, leaves: list[TorchLeaf]
+) -> dict[str, Place] | None:
+    """The places a naming record gives, when it names every leaf; else ``None``."""
     if not naming:
         return None
     by_torch = {n.torch: (path, n.permute) for path, n in naming.items()}
     if any(leaf.key not in by_torch for leaf in leaves):
         return None
-    return {leaf.key: Slot(split(by_torch[leaf.key][0]), by_torch[leaf.key][1]) for leaf in leaves}
+    return {leaf.key: Place(split(by_torch[leaf.key][0]), by_torch[leaf.key][1]) for leaf in leaves}
 
 
 def flax_plan(

@@ -15,9 +15,8 @@ import dataclasses
 from typing import Any
 
 from bridge.layouts.layout import JAXSHARE, Layout, as_layout, detect_layout
-from bridge.layouts.maxtext import maxtext_view
 from bridge.layouts.rules import Rules
-from bridge.naming.flax_placement import FlaxPlan, Slot, place_source
+from bridge.naming.flax_placement import FlaxPlacement, Place, place_source
 from bridge.naming.torch_naming import torch_plan
 from jaxshare import AliasMap
 from jaxshare.internal import PlannedSource, split
@@ -28,20 +27,19 @@ __all__ = ["place_any"]
 
 def place_any(
     source: TensorSource, *, like: Any, rules: Rules, layout: str | Layout | None
-) -> tuple[FlaxPlan, TensorSource]:
+) -> tuple[FlaxPlacement, TensorSource]:
     """The placement of any ``source`` in Flax paths, and the source it reads: a
     PyTorch-named one by :func:`place_source`; a Flax-named one as it is, when it is
     in the layout asked for (``layout`` unset or its own, no ``like``), else through
     its PyTorch names."""
-    if layout is not None and as_layout(layout).reshapes:  # MaxText: a view of its own.
+    chosen = None if layout is None else as_layout(layout)
+    if chosen is not None and chosen.view is not None:  # (MaxText: a view, not rules.)
         if like is not None:
-            raise ValueError(
-                f"`like=` places by rules, which the {as_layout(layout).name} layout is not."
-            )
-        source = source if source.flax_named else maxtext_view(source)
-        slots = {name: Slot(split(name), None) for name in [*source.infos, *source.ties]}
-        return FlaxPlan(
-            slots, [n for n in source.infos if n not in source.ties], source.ties
+            raise ValueError(f"`like=` places by rules, which the {chosen.name} layout is not.")
+        source = source if source.flax_named else chosen.view(source, None)
+        places = {name: Place(split(name), None) for name in [*source.infos, *source.ties]}
+        return FlaxPlacement(
+            places, [n for n in source.infos if n not in source.ties], source.ties
         ), source
     if source.flax_named:
         kept = _kept_as_is(source, like, layout)
@@ -52,13 +50,15 @@ def place_any(
     return placed, placed.reads or source
 
 
-def _kept_as_is(source: TensorSource, like: Any, layout: str | Layout | None) -> FlaxPlan | None:
-    found = detect_layout(None, list(source.infos), getattr(source, "config", None))
+def _kept_as_is(
+    source: TensorSource, like: Any, layout: str | Layout | None
+) -> FlaxPlacement | None:
+    found = detect_layout(None, list(source.infos), source.config)
     if like is not None or (layout is not None and as_layout(layout) is not (found or JAXSHARE)):
         return None
-    slots = {name: Slot(split(name), None) for name in [*source.infos, *source.ties]}
+    places = {name: Place(split(name), None) for name in [*source.infos, *source.ties]}
     stored = [name for name in source.infos if name not in source.ties]
-    return FlaxPlan(slots, stored, source.ties)
+    return FlaxPlacement(places, stored, source.ties)
 
 
 def _in_torch_names(source: TensorSource, rules: Rules) -> TensorSource:

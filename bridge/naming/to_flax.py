@@ -24,7 +24,7 @@ import numpy as np
 
 from bridge.layouts.layout import Layout, as_layout
 from bridge.layouts.rules import RulesArg, as_rules
-from bridge.naming.flax_placement import FlaxPlan, place_source
+from bridge.naming.flax_placement import FlaxPlacement, place_source
 from bridge.naming.relayout import place_any
 from bridge.naming.torch_naming import torch_aliases
 from bridge.sources.registry import opened
@@ -44,7 +44,7 @@ from jaxshare.stream import ProgressFn, TensorSource
 if TYPE_CHECKING:
     from bridge.sources.registry import Source
 
-__all__ = ["flax_alias_map", "flax_conversion", "to_flax"]
+__all__ = ["flax_alias_map", "placed_variables", "to_flax"]
 
 #: Dtypes JAX narrows unless ``jax_enable_x64`` is on: such arrays stay numpy.
 _WIDE = frozenset({"int64", "uint64", "float64", "complex128"})
@@ -71,17 +71,17 @@ def _from_numpy(array: np.ndarray, perm: Perm | None, sharding: Any) -> Any:
 
 def _flax_arrays(
     source: TensorSource,
-    plan: FlaxPlan,
+    plan: FlaxPlacement,
     progress: ProgressFn | None,
 ) -> dict[tuple[str, ...], Any]:
     """``{flax path: array}`` of the stored tensors, in the source's order. A leaf
     of the target with a sharding is built on its devices from the slices they
     hold."""
-    shardings = {} if plan.target is None else plan.target.shardings
+    shardings = {} if plan.like is None else plan.like.shardings
     torch_tensors = _in_memory_torch(source)
 
     def convert(key: str) -> Any:
-        sharding = shardings.get(plan.slots[key].path)
+        sharding = shardings.get(plan.places[key].path)
         base, perm = plan.source_of(key)
         if sharding is not None and _wants_slices(sharding):
             return _sharded_array(source, base, perm, sharding)
@@ -104,9 +104,9 @@ def _flax_arrays(
 
         tensors = []
         for key in plan.stored:
-            if shardings.get(plan.slots[key].path) is None and key not in plan.copies:
+            if shardings.get(plan.places[key].path) is None and key not in plan.copies:
                 value = source.read(key)
-                if shares_memory_as_array(value, plan.slots[key].perm):
+                if shares_memory_as_array(value, plan.places[key].perm):
                     direct.append(key)
                     tensors.append(value)
                 else:
@@ -122,7 +122,7 @@ def _flax_arrays(
     jax.block_until_ready([arrays[key] for key in [*queued, *copied]])
     out: dict[tuple[str, ...], Any] = {}
     for i, key in enumerate(plan.stored):
-        out[plan.slots[key].path] = array = arrays[key]
+        out[plan.places[key].path] = array = arrays[key]
         if progress is not None:
             progress(i + 1, len(plan.stored), key, int(array.nbytes))
     return out
@@ -158,14 +158,14 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
 
 def _with_aliases(
     stored: Mapping[tuple[str, ...], Any],
-    plan: FlaxPlan,
+    plan: FlaxPlacement,
     keep: Callable[[tuple[str, ...]], bool],
 ) -> dict[tuple[str, ...], Any]:
     """``stored`` plus the value of every alias ``keep`` accepts: the canonical's
     very object, or one transposed copy per (canonical, permutation)."""
     out = dict(stored)
     amap = plan.alias_map
-    paths = {slot.name: slot.path for slot in plan.slots.values()}
+    paths = {place.name: place.path for place in plan.places.values()}
     transposed: dict[tuple[tuple[str, ...], Perm], Any] = {}
     for alias, canonical in amap.items():
         path, base = paths[alias], paths[canonical]
@@ -181,20 +181,29 @@ def _with_aliases(
     return out
 
 
-def flax_conversion(
-    state_dict_or_module: Source,
+def placed_variables(
+    source: TensorSource,
+    /,
     *,
     like: Any = None,
     rules: RulesArg = None,
     layout: str | Layout | None = None,
     progress: ProgressFn | None = None,
-) -> tuple[FlaxPlan, dict[tuple[str, ...], Any]]:
-    """The placement and the stored arrays ``{flax path: array}`` (what a checkpoint
-    stores), before aliases are filled in."""
+) -> tuple[FlaxPlacement, Any]:
+    """The placement of an opened ``source`` and its Flax variables: what
+    :func:`to_flax` returns of it, with the placement it was made by (every name's
+    Flax path and permutation)."""
     rules = as_rules(rules)
-    with opened(state_dict_or_module, rules) as source:
-        plan, placed = place_any(source, like=like, rules=rules, layout=layout)
-        return plan, _flax_arrays(placed, plan, progress)
+    plan, placed = place_any(source, like=like, rules=rules, layout=layout)
+    stored = _flax_arrays(placed, plan, progress)
+    if plan.like is None:
+        # Linen variables hold every alias; a layout of a Flax port's own params, only
+        # the leaves the port holds (an implicit tie is its alias map's alone).
+        own = layout is None or as_layout(layout).collections
+        full = _with_aliases(stored, plan, lambda path: own)
+        return plan, nest({render(path): value for path, value in full.items()})
+    target = plan.like
+    return plan, target.build(_with_aliases(stored, plan, target.shapes.__contains__))
 
 
 def to_flax(
@@ -270,15 +279,10 @@ def to_flax(
     >>> variables["params"]["lm_head"]["kernel"].shape
     (4, 10)
     """
-    plan, stored = flax_conversion(state_dict_or_module, like=like, rules=rules, layout=layout)
-    if plan.target is None:
-        # Linen variables hold every alias; a layout of a Flax port's own params, only
-        # the leaves the port holds (an implicit tie is its alias map's alone).
-        own = layout is None or as_layout(layout).collections
-        full = _with_aliases(stored, plan, lambda path: own)
-        return nest({render(path): value for path, value in full.items()}), plan.alias_map
-    target = plan.target
-    return target.build(_with_aliases(stored, plan, target.shapes.__contains__)), plan.alias_map
+    rules = as_rules(rules)
+    with opened(state_dict_or_module, rules) as source:
+        plan, variables = placed_variables(source, like=like, rules=rules, layout=layout)
+    return variables, plan.alias_map
 
 
 def flax_alias_map(

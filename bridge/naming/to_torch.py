@@ -17,7 +17,7 @@ import torch
 
 from bridge.layouts.layout import Layout, layout_rules
 from bridge.layouts.rules import RulesArg
-from bridge.naming.torch_naming import TorchPlan, flax_variables, model_config, plan_torch
+from bridge.naming.torch_naming import TorchNaming, flax_variables, model_config, name_leaves
 from bridge.torch.tensors import to_tensor
 from jaxshare import AliasMap
 from jaxshare.internal import LAYER, Perm, compose, inverse, parallel_map, per_layer
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["to_torch", "torch_conversion"]
 
 
-def _torch_tensors(plan: TorchPlan, progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:
+def _torch_tensors(
+    plan: TorchNaming, progress: ProgressFn | None = None
+) -> dict[str, torch.Tensor]:
     """The tensors of ``plan``: stored leaves first, then every alias as the very
     tensor of its canonical (layouts cancel), a permuted view of it, or -- when
     the canonical has no PyTorch name -- its own tensor."""
@@ -123,7 +125,7 @@ def torch_conversion(
     """:func:`to_torch` with a progress callback."""
     rules = layout_rules(layout, rules, model_config(like))
     tree, amap, torch_map = flax_variables(variables, alias_map)
-    plan = plan_torch(tree, amap, like, rules, torch_map or ())
+    plan = name_leaves(tree, amap, like, rules, torch_map or ())
     out = _torch_tensors(plan, progress)
     _apply_torch_map(out, torch_map)
     for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.

@@ -2,7 +2,7 @@
 
 Naming reads only paths, shapes, the alias map and its naming record -- never an
 array -- and decides, for every Flax path, the PyTorch name and the PyTorch ->
-Flax permutation its tensor is stored with: a :class:`TorchPlan`.
+Flax permutation its tensor is stored with: a :class:`TorchNaming`.
 :func:`bridge.to_torch` moves the values after it, :func:`bridge.torch_plan`
 streams them into files after it (an Orbax item to safetensors or a Hugging Face
 directory), and :func:`bridge.torch_alias_map` keeps only its ties.
@@ -21,9 +21,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridge.layouts.layout import Layout, layout_rules
+from bridge.layouts.layout import Layout, as_layout, layout_rules
 from bridge.layouts.rules import Rules, RulesArg, as_rules, torch_name
-from bridge.naming.flax_placement import place, stack_layers, torch_leaves
+from bridge.naming.flax_placement import place_in, stack_layers, torch_leaves
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
     Perm,
@@ -38,6 +38,7 @@ from jaxshare.internal import (
     render,
     render_part,
     split,
+    unstacked,
     variable_value,
 )
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
@@ -46,10 +47,11 @@ if TYPE_CHECKING:
     from bridge.sources.registry import Source
 
 __all__ = [
-    "TorchPlan",
+    "TorchNaming",
     "flax_variables",
+    "in_torch_names",
     "model_config",
-    "plan_torch",
+    "name_leaves",
     "torch_alias_map",
     "torch_aliases",
     "torch_plan",
@@ -111,9 +113,9 @@ def _flax_leaves(tree: Any) -> list[_FlaxLeaf]:
 
 
 @dataclass(frozen=True)
-class TorchPlan:
+class TorchNaming:
     """The PyTorch name of every leaf of a Flax tree, decided from metadata alone:
-    what :func:`plan_torch` returns.
+    what :func:`name_leaves` returns.
 
     Attributes:
       names: Flax path -> ``(PyTorch name, PyTorch -> Flax permutation)``, for
@@ -168,13 +170,13 @@ class TorchPlan:
         return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
 
 
-def plan_torch(
+def name_leaves(
     tree: Any,
     amap: AliasMap,
     like: Source | None,
     rules: Rules,
     filled_by_map: Collection[str] = (),
-) -> TorchPlan:
+) -> TorchNaming:
     """Names every leaf (and alias) of ``tree``. With ``like``, its names are the
     output's: each must be placed, but for ``filled_by_map`` (the aliases of a
     PyTorch-named map, filled afterwards)."""
@@ -244,9 +246,9 @@ def plan_torch(
         # A name `like` ties to another needs no leaf: the Flax model may compute it
         # (an `attend` head, Hugging Face's tied heads); it is that tensor again.
         optional = {*filled_by_map, *target.ties}
-        slots, problems = place(torch_side, index, rules, optional=optional, what="`variables`")
-        fills = {a: c for a, c in target.ties.items() if a not in slots and c in slots}
-        claimed = {s.name for s in slots.values()}
+        places, problems = place_in(torch_side, index, rules, optional=optional, what="`variables`")
+        fills = {a: c for a, c in target.ties.items() if a not in places and c in places}
+        claimed = {s.name for s in places.values()}
         unclaimed = [p for p in order if p not in claimed and p not in amap]
         if unclaimed:
             problems.append(f"leaves of `variables` with no name in `like`: {unclaimed[:10]}")
@@ -258,9 +260,9 @@ def plan_torch(
                 "layers, one leaf per weight for all layers: `--stack PREFIX`, "
                 "`Rules(stacks=...)`; see docs/scanned.md)."
             )
-        names = {s.name: (key, s.perm) for key, s in slots.items()}
-        order = [slots[leaf.key].name for leaf in torch_side if leaf.key in slots]
-        like_keys = [leaf.key for leaf in torch_side if leaf.key in slots or leaf.key in fills]
+        names = {s.name: (key, s.perm) for key, s in places.items()}
+        order = [places[leaf.key].name for leaf in torch_side if leaf.key in places]
+        like_keys = [leaf.key for leaf in torch_side if leaf.key in places or leaf.key in fills]
     seen: dict[str, str] = {}
     for path in order:
         key = names[path][0]
@@ -270,7 +272,7 @@ def plan_torch(
                 "`rules=` (or `like=`) that tell them apart."
             )
         seen[key] = path
-    return TorchPlan(names, leaves, amap, order, like_keys, fills)
+    return TorchNaming(names, leaves, amap, order, like_keys, fills)
 
 
 def torch_plan(
@@ -303,13 +305,51 @@ def torch_plan(
     >>> [(e.name, e.source, e.perm) for e in torch_plan(checkpoint.open_source(path)).entries]
     [('wte.weight', 'params/wte/embedding', None)]
     """
-    config = config if config is not None else getattr(source, "config", None)
+    config = config if config is not None else source.config
     if source.ties.naming is None:  # (A naming record names every leaf exactly.)
         rules = layout_rules(layout, rules, config, paths=list(source.infos))
     rules = as_rules(rules)
     flax_ties = source.ties
     stored = {p: info for p, info in source.infos.items() if p not in flax_ties}
-    return plan_torch(nest(stored), flax_ties, like, rules).plan()
+    return name_leaves(nest(stored), flax_ties, like, rules).plan()
+
+
+def in_torch_names(
+    source: TensorSource,
+    /,
+    *,
+    like: Any = None,
+    rules: RulesArg = None,
+    layout: str | Layout | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> tuple[Plan, TensorSource]:
+    """The one answer to "this source in PyTorch names": the plan naming each of its
+    tensors, and the source that plan reads.
+
+    A PyTorch-named source is itself. A Flax-named one in a layout with a view of its
+    own (MaxText, :attr:`bridge.Layout.view`) is that view, read as it names its
+    tensors. Any other is named by :func:`torch_plan` (its naming record, ``like``,
+    or ``layout``'s rules for ``config``'s model), and the layers of a stack are read
+    one at a time (:func:`jaxshare.internal.unstacked`), so every name is one
+    tensor of the PyTorch model.
+
+    >>> import jax.numpy as jnp, tempfile
+    >>> from jaxshare import checkpoint
+    >>> path = tempfile.mkdtemp() + "/ckpt"
+    >>> checkpoint.save(path, {"params": {"fc": {"kernel": jnp.zeros((4, 2))}}})
+    >>> plan, reads = in_torch_names(checkpoint.open_source(path))
+    >>> [(e.name, e.source, e.perm) for e in plan.entries]
+    [('fc.weight', 'params/fc/kernel', (1, 0))]
+    """
+    if not source.flax_named:
+        return Plan.identity(source), source
+    view = None if layout is None else as_layout(layout).view
+    if view is not None:
+        named = view(source, config)
+        return Plan.identity(named), named
+    return unstacked(
+        torch_plan(source, like=like, rules=rules, layout=layout, config=config), source
+    )
 
 
 def torch_aliases(aliases: Any, arg: str) -> AliasMap:
@@ -410,7 +450,7 @@ def torch_alias_map(
     """
     rules = layout_rules(layout, rules, model_config(like))
     tree, amap, _ = flax_variables(variables, alias_map)
-    plan = plan_torch(tree, amap, like, rules)
+    plan = name_leaves(tree, amap, like, rules)
     out: dict[str, str] = {}
     for alias, canonical in plan.alias_map.items():
         if alias not in plan.names or canonical not in plan.names:

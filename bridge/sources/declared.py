@@ -25,10 +25,10 @@ from bridge.hf.config import config_dict, config_ties
 from bridge.layouts.rules import Rules
 from jaxshare import AliasMap
 from jaxshare.formats import CONFIG_FILE
-from jaxshare.internal import same_bytes
+from jaxshare.internal import RetiedSource, same_bytes
 from jaxshare.stream import TensorSource
 
-__all__ = ["DeclaredTies", "declare_ties", "parse_tie", "tie_map"]
+__all__ = ["declare_ties", "parse_tie", "tie_map"]
 
 
 def parse_tie(text: str) -> tuple[str, str]:
@@ -58,54 +58,6 @@ def tie_map(ties: Mapping[str, str] | Sequence[str]) -> dict[str, str]:
     {'lm_head.weight': 'wte.weight'}
     """
     return dict(ties) if isinstance(ties, Mapping) else dict(map(parse_tie, ties))
-
-
-class DeclaredTies(TensorSource):
-    """``source`` with other ties: the same tensors, every alias that the source also
-    stores written out (stored once by writers, which know ties), and ``config.json``
-    among the assets when a config file declared them."""
-
-    def __init__(
-        self,
-        source: TensorSource,
-        ties: AliasMap,
-        origins: Mapping[str, str] | None = None,
-        assets: Mapping[str, Path] | None = None,
-    ) -> None:
-        self._source = source
-        self.path, self.kind, self.infos = source.path, source.kind, source.infos
-        self.ties, self.origins = ties, {**source.origins, **(origins or {})}
-        self.layers, self.config = source.layers, getattr(source, "config", None)
-        self.parts, self.other_files = source.parts, source.other_files
-        self.assets = {**source.assets, **(assets or {})}
-        self.mapped, self.notes = source.mapped, source.notes
-        if hasattr(source, "buffers"):  # (A module's: which tensors are buffers.)
-            self.buffers = source.buffers
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def read(self, name: str) -> Any:
-        return self._source.read(name)
-
-    def array(self, name: str) -> np.ndarray:
-        return self._source.array(name)
-
-    def blocks(self, name: str) -> Any:
-        return self._source.blocks(name)
-
-    def extents(self, name: str) -> Any:
-        return self._source.extents(name)
-
-    def read_slice(self, name: str, index: Any) -> np.ndarray:
-        return self._source.read_slice(name, index)
-
-    def chunk_lines(self) -> tuple[str, ...]:
-        return self._source.chunk_lines()
-
-    def close(self) -> None:
-        self._source.close()
 
 
 def declare_ties(
@@ -162,7 +114,7 @@ def declare_ties(
         root = merged.get(canonical, canonical)
         _check(source, alias, root, origins[alias])
         merged[alias] = root
-    return DeclaredTies(
+    return RetiedSource(
         source, AliasMap(merged, transforms=transforms, naming=source.ties.naming), origins, assets
     )
 

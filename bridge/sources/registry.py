@@ -1,22 +1,24 @@
-"""``open_source``: the one answer to "what is this path", as a ``TensorSource``.
+"""``open_source``: the one answer to "what is this input", as a ``TensorSource``.
 
 Every conversion, report and check reads its input through a source: names,
 shapes, dtypes and ties first (no tensor read), then one tensor at a time.
-:func:`open_source` decides what a path is, in this order:
+:data:`READERS` is the registry: every kind of input, in the order a path is
+tried, each a :class:`jaxshare.formats.Reader` that knows itself (whether a path
+is its kind, how to open it, what it records, its training state):
 
-- an Orbax checkpoint: an item, a ``CheckpointManager`` step holding one, or a
-  manager root, which is refused naming its steps (``jaxshare.checkpoint``;
-  JAX and Orbax are imported only then);
+- an Orbax checkpoint (:data:`jaxshare.checkpoint.READER`): an item, a
+  ``CheckpointManager`` step holding one, or a manager root, which is refused
+  naming its steps (TensorStore is imported only then);
+- the formats' own (:data:`jaxshare.formats.READERS`): a PyTorch DCP directory, a
+  DeepSpeed directory, a ``.safetensors``, PyTorch or Flax ``.msgpack`` file
+  (unless an index beside it lists it as one shard of several);
 - a Hugging Face directory, its ``*.index.json`` or its ``config.json``
   (:class:`bridge.HFDirectory`), a Flax model's ``flax_model.msgpack`` directory
-  included;
-- a DeepSpeed checkpoint folder (:class:`jaxshare.formats.DeepSpeedCheckpoint`);
-- a weights file, ``.safetensors``, ``.pt``/``.bin``/``.pth`` or a Flax
-  ``.msgpack`` (:func:`jaxshare.formats.open_weights_file`), unless an index beside it lists it
-  as one shard of several;
+  included.
 
-and in memory, a source as it is, or a torch module or state dict
-(``StateDictSource``). Only that last kind needs torch.
+In memory, a source is taken as it is, and a torch module or state dict is a
+``StateDictSource`` (only that kind needs torch). :func:`open_training` opens
+an input's training state through the same readers.
 """
 
 from __future__ import annotations
@@ -28,20 +30,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bridge.hf.directory import READER as HF_READER
 from bridge.layouts.rules import Rules, as_rules
-from jaxshare.formats import (
-    CONFIG_FILE,
-    INDEX_SUFFIX,
-    WEIGHT_SUFFIXES,
-    DCPFolder,
-    is_checkpoint,
-    is_dcp_folder,
-    open_weights_file,
-)
-from jaxshare.internal import UsageError, check_not_a_shard, is_hf_directory
+from jaxshare import checkpoint, formats
+from jaxshare.formats import Reader, TrainingState
+from jaxshare.internal import UsageError
 from jaxshare.stream import TensorSource
 
-__all__ = ["EXPECTED", "Source", "is_deepspeed_folder", "open_source", "opened"]
+__all__ = ["READERS", "Source", "expected", "open_source", "open_training", "opened", "reader_of"]
 
 if TYPE_CHECKING:
     import torch
@@ -49,17 +45,43 @@ if TYPE_CHECKING:
     #: What :func:`open_source` takes (for the type checker; torch types stay behind it).
     Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
 
-#: What a path may be, for the one error that lists it.
-EXPECTED = (
-    "an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP directory, a Hugging Face index "
-    f"(*{INDEX_SUFFIX}) or a weights file ({', '.join(WEIGHT_SUFFIXES)})"
-)
+#: Every kind of input a path may be, in the order they are tried.
+READERS: tuple[Reader, ...] = (checkpoint.READER, *formats.READERS, HF_READER)
 
 
-def is_deepspeed_folder(path: Path) -> bool:
-    """Whether ``path`` looks like a DeepSpeed checkpoint: a folder holding ``latest``,
-    or a tag folder holding model-states files."""
-    return path.is_dir() and ((path / "latest").is_file() or any(path.glob("*model_states.pt")))
+def expected(readers: tuple[Reader, ...] = READERS) -> str:
+    """What a path may be, as the one error that lists it says.
+
+    >>> expected(READERS[-2:])
+    'a Flax .msgpack file or a Hugging Face directory or its index (*.index.json)'
+    """
+    whats = [r.what for r in readers]
+    return whats[0] if len(whats) == 1 else f"{', '.join(whats[:-1])} or {whats[-1]}"
+
+
+def reader_of(path: str | os.PathLike) -> Reader:
+    """The reader of the input at ``path``: the first of :data:`READERS` that
+    accepts it.
+
+    Raises:
+      FileNotFoundError: no such path.
+      UsageError: a path of no kind jaxshare reads (one line listing the kinds).
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> path = tempfile.mkdtemp() + "/model.safetensors"
+    >>> save_file({"w": np.zeros(2, np.float32)}, path)
+    >>> reader_of(path).name
+    'safetensors'
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory.")
+    for reader in READERS:
+        if reader.accepts(path):
+            return reader
+    found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
+    raise UsageError(f"{path}: expected {expected()}; found {found}.")
 
 
 def open_source(
@@ -94,7 +116,7 @@ def open_source(
         return what
     rules = as_rules(rules)
     if isinstance(what, (str, os.PathLike)):
-        return _open_path(Path(what), rules)
+        return reader_of(what).open(Path(what), rules=rules)
     torch = sys.modules.get("torch")  # (A module exists only once torch is imported.)
     if isinstance(what, Mapping) or (torch is not None and isinstance(what, torch.nn.Module)):
         from bridge.torch.state_dict import StateDictSource  # (torch: tensors in memory)
@@ -120,29 +142,37 @@ def opened(
             source.close()
 
 
-def _open_path(path: Path, rules: Rules) -> TensorSource:
+def open_training(source: Any, rules: Rules | None = None) -> TrainingState:
+    """The weights and the optimizer state of a training checkpoint: a path, read by
+    its reader (a ``torch.save`` of ``{"model": ..., "optimizer": ...}``, a DeepSpeed
+    or DCP folder), or ``(model_or_state_dict, optimizer_or_its_state_dict)`` in
+    memory. Metadata only: no tie is checked by content here.
+
+    Raises:
+      FileNotFoundError: no such path.
+      ValueError: a path of a kind that holds no training state (one line listing
+        those that do), or as the reader says.
+      TypeError: anything else.
+    """
+    if isinstance(source, tuple) and len(source) == 2:
+        from bridge.torch.optimizer import training_in_memory  # (torch objects)
+
+        return TrainingState(*training_in_memory(*source, as_rules(rules)))
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            "`source` must be a path (a torch.save run file, a DeepSpeed or DCP folder) or a "
+            "pair (model_or_state_dict, optimizer_or_its_state_dict), got "
+            f"{type(source).__name__}."
+        )
+    path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory.")
-    if is_dcp_folder(path):
-        return DCPFolder(path)
-    if is_checkpoint(path):
-        from jaxshare import checkpoint  # (JAX and Orbax)
-
-        return checkpoint.open_source(path)
-    hf_file = path.is_file() and (
-        path.name.endswith(INDEX_SUFFIX)
-        or (path.name == CONFIG_FILE and is_hf_directory(path.parent))
-    )
-    if hf_file or (is_hf_directory(path) and not is_deepspeed_folder(path)):
-        from bridge.hf.directory import HFDirectory
-
-        return HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
-    if is_deepspeed_folder(path):
-        from jaxshare.formats import DeepSpeedCheckpoint
-
-        return DeepSpeedCheckpoint(path)
-    if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
-        check_not_a_shard(path)  # One shard of several is not the model.
-        return open_weights_file(path)
-    found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
-    raise UsageError(f"{path}: expected {EXPECTED}; found {found}.")
+    reader = next((r for r in READERS if r.accepts(path)), None)
+    if reader is None or reader.open_training is None:
+        training = expected(tuple(r for r in READERS if r.open_training is not None))
+        found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
+        raise ValueError(
+            f"{path}: expected a training checkpoint -- {training} holding a model's and an "
+            f"optimizer's state -- found {found}."
+        )
+    return reader.open_training(path)

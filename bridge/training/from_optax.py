@@ -1,6 +1,6 @@
 """``from_optax``: an optax training state back to a ``model.state_dict()`` and an
 ``optimizer.state_dict()`` that ``load_state_dict`` takes (the torch side of
-:mod:`bridge.training.optax`).
+:mod:`bridge.training.to_optax`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import torch
 from bridge.layouts.layout import Layout
 from bridge.layouts.rules import RulesArg
 from bridge.naming.to_torch import to_torch
-from bridge.training.optax import KINDS, moments_of, record_groups, torch_group
+from bridge.training.hyper import torch_group
+from bridge.training.optax_state import KINDS, moments_of
+from bridge.training.record import record_groups
 from jaxshare import Tied
 
 __all__ = ["from_optax", "save_run"]

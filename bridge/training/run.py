@@ -9,7 +9,7 @@
   and step (``ocp.args.StandardSave``), for the ``tx`` :func:`bridge.optax_for`
   builds from the torch param groups;
 - ``optimizer``: a JSON record of the torch optimizer (kind, step, each group's
-  PyTorch names and values: :func:`bridge.training.optax.optimizer_record`), from which
+  PyTorch names and values: :func:`bridge.training.record.optimizer_record`), from which
   :func:`bridge.optax_for` rebuilds that ``tx`` and the way back names the groups.
 
 A Flax loop resumes with ``ocp.args.Composite(params=SharedRestore(...),
@@ -31,14 +31,10 @@ from typing import Any
 
 from bridge.layouts.layout import Layout
 from bridge.layouts.rules import Rules
-from bridge.training.optax import (
-    _kind_of,
-    _step_of,
-    optax_for,
-    optimizer_record,
-    read_training,
-    torch_hyper,
-)
+from bridge.training.hyper import step_of, torch_group, torch_hyper
+from bridge.training.record import optimizer_record
+from bridge.training.state import read_training
+from bridge.training.tx import optax_for
 from jaxshare.internal import UsageError
 
 __all__ = ["ITEMS", "convert_training", "is_training_run", "restore_training", "training_step"]
@@ -179,14 +175,14 @@ def _to_step(
 ) -> Path:
     import orbax.checkpoint as ocp
 
-    from bridge.training.optax import to_optax
+    from bridge.training.to_optax import to_optax
     from jaxshare.checkpoint import SharedSave
 
     inputs = [Path(src)] if isinstance(src, (str, os.PathLike)) else []
     _check_dst(dst, force, inputs)
     training = read_training(src, rules, ties=ties, config=config)
     state = training.optimizer
-    kind, step = _kind_of(state), _step_of(state)
+    kind, step = state.kind, step_of(state)
     groups = [(g.names, torch_hyper(kind, g, str(state.path))) for g in state.groups]
     record = optimizer_record(kind, step, groups)
     tx = optax_for(state)
@@ -233,8 +229,6 @@ def _to_torch_file(src: Path, dst: Path, *, force: bool) -> Path:
 
 def _torch_values(kind: str, h: dict[str, Any]) -> dict[str, Any]:
     """The torch group entries of the recorded values (exact: the torch file's own)."""
-    from bridge.training.optax import torch_group
-
     return {
         k: v for k, v in torch_group(kind, (), h, []).items() if k not in ("params", "param_names")
     }

@@ -27,10 +27,12 @@ if _typing.TYPE_CHECKING:
     from jaxshare.checkpoint._source import CheckpointSource as CheckpointSource
     from jaxshare.checkpoint._source import open_source as open_source
     from jaxshare.checkpoint._stream import write_item as write_item
+    from jaxshare.checkpoint._reader import READER as READER
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
+        "jaxshare.checkpoint._reader": ["READER"],
         "jaxshare.checkpoint._api": ["read_alias_map", "restore", "save"],
         "jaxshare.checkpoint._consolidate": ["consolidate", "consolidate_to_safetensors"],
         "jaxshare.checkpoint._handler": ["SharedCheckpointHandler", "SharedRestore", "SharedSave"],

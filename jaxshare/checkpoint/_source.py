@@ -18,8 +18,9 @@ import numpy as np
 from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
 from jaxshare.core.dtype import float_dtype
+from jaxshare.core.manifest import Manifest
 from jaxshare.core.strict_json import loads
-from jaxshare.formats import ALIAS_MAP_FILE, CONFIG_FILE, find_item, item_assets
+from jaxshare.formats import ALIAS_MAP_FILE, CONFIG_FILE, MANIFEST_FILE, find_item, item_assets
 from jaxshare.io.source import Index, TensorSource
 
 __all__ = ["CheckpointSource", "open_source"]
@@ -56,6 +57,16 @@ class CheckpointSource(TensorSource):
         self.origins = dict.fromkeys(self.ties, ALIAS_MAP_FILE)
         self.assets = item_assets(item.directory)
         self.config = _config(self.assets.get(CONFIG_FILE))
+
+    def manifest(self) -> Manifest | None:
+        """The item's ``jaxshare_manifest.json`` (``convert --manifest``), if any."""
+        file = self.item.directory / MANIFEST_FILE
+        if not file.is_file():
+            return None
+        try:
+            return Manifest.from_json(file.read_bytes())
+        except ValueError as e:
+            raise ValueError(f"{file}: {e}") from None
 
     def read(self, name: str) -> np.ndarray:
         return self._reader.read(name)

@@ -1,16 +1,19 @@
-"""The ``jaxshare`` command: ``inspect``, ``convert``, ``demo``.
+"""The ``jaxshare`` command: ``inspect``, ``convert``, ``verify``, ``check``, ``demo``.
 
 The top layer, a thin shell over the library: it parses arguments, calls
-:func:`bridge.inspect` or :func:`bridge.convert`, renders what they return
-(``_render``) and sets the exit status. At start-up only the standard library
-and the package faces of ``bridge`` and ``jaxshare`` (whose names load on first
-use) are imported, so ``--help`` is instant; the library imports what each input
-needs (JAX and Orbax for checkpoints, torch only for torch tensors).
+:func:`bridge.inspect`, :func:`bridge.convert`, :func:`bridge.verify` or
+:func:`bridge.check`, renders what they return (``_render``) and sets the exit
+status. At start-up only the standard library and the package faces of
+``bridge`` and ``jaxshare`` (whose names load on first use) are imported, so
+``--help`` is instant; the library imports what each input needs (JAX and Orbax
+for checkpoints, torch only for torch tensors).
 
 Every failure the user can fix is one line on stderr: exit status 2 for a
 usage error (a ``jaxshare.internal.UsageError``: options that do not fit, an
 input of no kind jaxshare reads, a framework not installed), 1 for bad input or
-a failed write. No input is ever modified and no partial output is left behind.
+a failed write, and for the differences ``verify`` or the errors ``check``
+finds; 130 when interrupted. No input is ever modified and no partial output
+is left behind.
 """
 
 from __future__ import annotations
@@ -106,21 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "path",
-        help="an Orbax item (or step) directory, a Hugging Face or DeepSpeed directory, "
-        "an index .json, .safetensors, .pt, .bin or a Flax .msgpack",
+        help="an Orbax item (or step) directory, a Hugging Face, DeepSpeed or PyTorch DCP "
+        "directory, an index .json, .safetensors, .pt, .bin, .pth or a Flax .msgpack",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser(
         "convert",
-        help="between Orbax items, Hugging Face and DeepSpeed directories and weight files",
+        help="between Orbax items, Hugging Face, DeepSpeed and DCP directories and weight files",
     )
     p.add_argument("src", help="any input `inspect` takes")
     p.add_argument(
         "dst",
         help="output: a directory (an Orbax item; a Hugging Face directory with --config or "
-        "--max-shard-size), .safetensors, or .pt/.bin",
+        "--max-shard-size; a DCP folder with --format dcp), .safetensors, or .pt/.bin/.pth",
     )
     p.add_argument(
         "--format",
@@ -143,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--names",
         choices=bridge.NAMES,
         default=None,
-        help="naming of an Orbax -> file conversion: Flax '/' paths or PyTorch names "
-        "(default: flax for .safetensors, torch for .pt/.bin)",
+        help="naming of a .safetensors output: Flax '/' paths or PyTorch names "
+        "(default: the input's own)",
     )
     p.add_argument(
         "--layout",
@@ -240,7 +243,9 @@ def _one_line(error: BaseException | str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command; returns its exit status (0, 1 for bad input, 2 for usage)."""
+    """Runs the command; returns its exit status: 0, 1 for bad input or a failed
+    write (and for differences ``verify`` or errors ``check`` finds), 2 for a usage
+    error, 130 when interrupted."""
     if "numpy" not in sys.modules:
         # No command multiplies matrices: numpy's BLAS threads, started on its import,
         # would only spin beside the threads that read and write (80 ms of CPU here).

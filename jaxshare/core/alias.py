@@ -10,7 +10,7 @@ wte/embedding.T``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxshare.core.naming import NamingRecord
@@ -197,8 +197,9 @@ class AliasMap(Mapping[str, str]):
             out.setdefault(canonical, []).append(alias)
         return {c: tuple(sorted(a)) for c, a in sorted(out.items())}
 
-    def rename(self, fn: Any) -> AliasMap:
-        """A new map with every path (alias and canonical) passed through ``fn``.
+    def rename(self, fn: Callable[[str], str]) -> AliasMap:
+        """A new map with every path (alias and canonical) passed through ``fn``,
+        and the paths of its naming record too.
 
         >>> AliasMap({"a/x": "b/x"}).rename(lambda p: "params/" + p)
         AliasMap({'params/a/x': 'params/b/x'})

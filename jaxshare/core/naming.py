@@ -107,7 +107,8 @@ class Naming(NamedTuple):
 
     A name with :data:`LAYER` (``model.layers.{i}.mlp.weight``) is a stack of
     layers: the leaf holds every layer's tensor, stacked on axis 0 and then
-    permuted (the layer axis goes to :attr:`stack_axis`).
+    permuted (the layer axis goes to ``stack_axis(permute)``, see
+    :func:`stack_axis`).
     """
 
     torch: str

@@ -1,9 +1,9 @@
 """``TieReport``: what ``jaxshare inspect`` shows of a checkpoint or weights file.
 
-Every reader (Orbax items, safetensors and torch files) describes what it holds
-as ``{path: ArrayInfo}`` for the stored (unique) arrays plus an ``AliasMap``;
-the report derives the aliases' shapes, the tie groups and the byte counts, and
-renders them as a table or JSON.
+Every source (an Orbax item, a weights file, a Hugging Face, DeepSpeed or DCP
+directory...) describes what it holds as ``{path: ArrayInfo}`` for the stored
+(unique) arrays plus an ``AliasMap``; the report derives the aliases' shapes, the
+tie groups and the byte counts, and renders them as a table or JSON.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class TieReport:
 
     Args:
       source: the file or directory described.
-      kind: ``"orbax"``, ``"safetensors"`` or ``"torch"``.
+      kind: the source's kind: ``"orbax"``, ``"safetensors"``, ``"torch"``,
+        ``"hf"``, ``"deepspeed"``, ``"dcp"``, ``"msgpack"``, ``"state dict"``...
       stored: ``{path: ArrayInfo}`` of the arrays the item stores.
       alias_map: the aliases the item records; each canonical is in ``stored``.
       written_out: aliases the item also stores as arrays of their own (a

@@ -72,6 +72,8 @@ class Tied:
 
     @property
     def alias_map(self) -> AliasMap:
+        """``{alias: canonical}``: the paths left out of :attr:`unique`, with their
+        transforms and naming record."""
         return self._alias_map
 
     @property

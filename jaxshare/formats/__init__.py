@@ -18,13 +18,14 @@ import typing as _typing
 from jaxshare._lazy import exports as _exports
 
 if _typing.TYPE_CHECKING:
+    from jaxshare.formats.dcp.metadata import read_dcp_metadata as read_dcp_metadata
     from jaxshare.formats.dcp.reader import DCPFolder as DCPFolder
     from jaxshare.formats.dcp.reader import is_dcp_folder as is_dcp_folder
-    from jaxshare.formats.dcp.reader import read_dcp_metadata as read_dcp_metadata
     from jaxshare.formats.dcp.training import is_dcp_training_folder as is_dcp_training_folder
     from jaxshare.formats.dcp.training import read_dcp_training as read_dcp_training
     from jaxshare.formats.dcp.writer import write_dcp as write_dcp
     from jaxshare.formats.deepspeed.checkpoint import DeepSpeedCheckpoint as DeepSpeedCheckpoint
+    from jaxshare.formats.deepspeed.files import is_deepspeed_folder as is_deepspeed_folder
     from jaxshare.formats.deepspeed.training import DeepSpeedSlot as DeepSpeedSlot
     from jaxshare.formats.deepspeed.training import is_deepspeed_training as is_deepspeed_training
     from jaxshare.formats.deepspeed.training import (
@@ -85,14 +86,23 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.safetensors import write_safetensors as write_safetensors
     from jaxshare.formats.weights import WEIGHT_SUFFIXES as WEIGHT_SUFFIXES
     from jaxshare.formats.weights import open_weights_file as open_weights_file
+    from jaxshare.formats.registry import READERS as READERS
+    from jaxshare.formats.reader import Reader as Reader
+    from jaxshare.formats.optim import TrainingState as TrainingState
+    from jaxshare.formats.hf.files import is_hf_input as is_hf_input
+    from jaxshare.formats.safetensors import save_model_ties as save_model_ties
 
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare.formats.dcp.reader": ["DCPFolder", "is_dcp_folder", "read_dcp_metadata"],
+        "jaxshare.formats.reader": ["Reader"],
+        "jaxshare.formats.registry": ["READERS"],
+        "jaxshare.formats.dcp.metadata": ["read_dcp_metadata"],
+        "jaxshare.formats.dcp.reader": ["DCPFolder", "is_dcp_folder"],
         "jaxshare.formats.dcp.training": ["is_dcp_training_folder", "read_dcp_training"],
         "jaxshare.formats.dcp.writer": ["write_dcp"],
         "jaxshare.formats.deepspeed.checkpoint": ["DeepSpeedCheckpoint"],
+        "jaxshare.formats.deepspeed.files": ["is_deepspeed_folder"],
         "jaxshare.formats.deepspeed.training": [
             "DeepSpeedSlot",
             "is_deepspeed_training",
@@ -117,6 +127,7 @@ __getattr__, __dir__, __all__ = _exports(
             "parse_size",
             "read_index",
             "shard_name",
+            "is_hf_input",
         ],
         "jaxshare.formats.item_files": [
             "ALIAS_MAP_FILE",
@@ -138,6 +149,7 @@ __getattr__, __dir__, __all__ = _exports(
             "is_torch_training_file",
             "optimizer_state",
             "read_torch_training",
+            "TrainingState",
         ],
         "jaxshare.formats.pytorch": [
             "TORCH_SUFFIXES",
@@ -160,6 +172,7 @@ __getattr__, __dir__, __all__ = _exports(
             "read_header",
             "save_plan",
             "write_safetensors",
+            "save_model_ties",
         ],
         "jaxshare.formats.weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
     },

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,7 @@ __all__ = [
     "ParamGroup",
     "SlotSource",
     "Stored",
+    "TrainingState",
     "is_torch_training_file",
     "optimizer_state",
     "read_torch_training",
@@ -96,6 +97,27 @@ class ParamGroup:
     hyper: Mapping[str, Any]
 
 
+#: The torch optimizers :attr:`OptimizerState.kind` tells apart: ``{kind: (the slots
+#: its state may hold, the group entries it has, the entry every group of it has)}``.
+_KINDS = {
+    "adam": (
+        frozenset({"exp_avg", "exp_avg_sq"}),
+        frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"})
+        | frozenset({"decoupled_weight_decay", "adam_w_mode"}),
+        "betas",
+    ),
+    "sgd": (
+        frozenset({"momentum_buffer"}),
+        frozenset({"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}),
+        "momentum",
+    ),
+}
+#: Group entries that change no arithmetic (how torch runs the update, schedulers' notes).
+_NO_ARITHMETIC = frozenset(
+    {"foreach", "capturable", "differentiable", "fused", "initial_lr", "bias_correction"}
+)
+
+
 @dataclass(frozen=True)
 class OptimizerState:
     """The per-parameter state and the groups of one PyTorch optimizer.
@@ -124,8 +146,91 @@ class OptimizerState:
     slots: Mapping[str, TensorSource]
     unknown: tuple[str, ...] = field(default=())
 
+    @property
+    def kind(self) -> str:
+        """Which torch optimizer this is, told by its slots and its groups' entries:
+        ``"adam"`` (Adam, AdamW) or ``"sgd"``.
+
+        Raises:
+          ValueError: one line: :attr:`unknown` entries (they cannot be carried),
+            or the state of another optimizer (Muon, Adafactor, amsgrad, ...).
+
+        >>> group = ParamGroup(("w",), {"lr": 0.1, "momentum": 0.9, "nesterov": False})
+        >>> OptimizerState(None, "torch", (group,), {}, {}).kind
+        'sgd'
+        """
+        where = self.path or "the optimizer state"
+        if self.unknown:
+            more = f" (and {len(self.unknown) - 3} more)" if len(self.unknown) > 3 else ""
+            raise ValueError(
+                f"{where}: the optimizer state holds entries jaxshare cannot carry into optax: "
+                f"{'; '.join(self.unknown[:3])}{more}; they would be reset, so nothing is "
+                "converted. Convert the weights alone (bridge.to_flax) and start the optimizer "
+                "anew."
+            )
+        slots = set(self.slots)
+        keys = {k for g in self.groups for k in g.hyper} - _NO_ARITHMETIC
+        for kind, (kind_slots, known, mark) in _KINDS.items():
+            if slots <= kind_slots and keys <= known and (slots or "betas" not in keys):
+                if mark in keys:
+                    return kind
+        extra = sorted(keys - _KINDS["adam"][1] - _KINDS["sgd"][1])
+        raise ValueError(
+            f"{where}: not an optimizer jaxshare carries: its state has slots {sorted(slots)}"
+            + (f" and its groups entries no torch Adam, AdamW or SGD has: {extra}" if extra else "")
+            + "; only those three map exactly onto optax's adam, adamw and sgd, so nothing is "
+            "converted (its state would be lost)."
+        )
+
+    def describe(self) -> tuple[str, ...]:
+        """A few lines for ``inspect``: the optimizer, its step, its groups and the
+        bytes of each slot.
+
+        >>> group = ParamGroup(("w",), {"lr": 0.1, "momentum": 0.9})
+        >>> slots = {"momentum_buffer": SlotSource("momentum_buffer", {"w": np.zeros(4, "f4")})}
+        >>> for line in OptimizerState(None, "torch", (group,), {"w": 3}, slots).describe():
+        ...     print(line)
+        optimizer state (torch): SGD, step 3, 1 param group(s)
+          momentum_buffer: 1 tensors, 16 B
+        """
+        from jaxshare.core.report import format_bytes
+
+        try:
+            what = {"adam": "Adam/AdamW", "sgd": "SGD"}[self.kind]
+        except ValueError:
+            what = "an optimizer jaxshare does not carry"
+        steps = sorted(set(self.steps.values()))
+        step = (
+            str(steps[0])
+            if len(steps) == 1
+            else ("none" if not steps else f"{steps[0]}..{steps[-1]}")
+        )
+        lines = [
+            f"optimizer state ({self.producer}): {what}, step {step}, "
+            f"{len(self.groups)} param group(s)"
+        ]
+        for name, slot in self.slots.items():
+            nbytes = sum(
+                int(np.prod(i.shape)) * np.dtype(i.dtype).itemsize for i in slot.infos.values()
+            )
+            lines.append(f"  {name}: {len(slot.infos)} tensors, {format_bytes(nbytes)}")
+        lines += [f"  not carried: {u}" for u in self.unknown[:3]]
+        return tuple(lines)
+
 
 # -- the slots -------------------------------------------------------------------------
+
+
+class TrainingState(NamedTuple):
+    """What a training checkpoint holds: the weights and the optimizer's state.
+
+    Attributes:
+      params: the weights in PyTorch names (DeepSpeed's: the fp32 masters).
+      optimizer: the optimizer's groups, steps and per-parameter slots.
+    """
+
+    params: TensorSource
+    optimizer: OptimizerState
 
 
 @dataclass(frozen=True)
@@ -533,7 +638,7 @@ def _extras(obj: Mapping[Any, Any], model_key: str, optim_key: str) -> str:
     return ", ".join(shown)
 
 
-def read_torch_training(path: str | os.PathLike, /) -> tuple[TensorSource, OptimizerState]:
+def read_torch_training(path: str | os.PathLike, /) -> TrainingState:
     """A ``torch.save`` of a model's and an optimizer's state dicts, read without torch.
 
     The file is a dict holding the model's state dict under ``"model"``,
@@ -588,4 +693,4 @@ def read_torch_training(path: str | os.PathLike, /) -> tuple[TensorSource, Optim
     extras = _extras(obj, model_key, optim_key)
     notes = (f"also holds: {extras} (not read)",) if extras else ()
     params = _TrainingModel(path, obj[model_key], notes)
-    return params, optimizer_state(obj[optim_key], path=path, params=params)
+    return TrainingState(params, optimizer_state(obj[optim_key], path=path, params=params))

@@ -1,27 +1,14 @@
 """PyTorch files (``torch.save`` output), read with numpy only and never running pickle code.
 
-``torch.save`` writes a zip archive (since torch 1.6): ``NAME/data.pkl``, a
-pickle whose tensors point, by persistent id, at raw storages ``NAME/data/KEY``
-stored uncompressed. Older files (the legacy format) are a run of pickles --
-a magic number, a protocol version, system information, the object, the list
-of storage keys -- followed by each storage's element count and bytes.
-Either way a pickle can run any code when loaded; :func:`unpickle_torch_file`
-unpickles with an unpickler of its own that allows exactly:
-
-- the names ``torch.save`` uses to rebuild tensors (``_rebuild_tensor``,
-  ``_rebuild_tensor_v2``, ``_rebuild_tensor_v3``, ``_rebuild_from_type_v2`` of a
-  plain ``torch.Tensor``, ``_rebuild_parameter`` and
-  ``_rebuild_parameter_with_state``), typed and untyped storages,
-  ``torch.Size``, dtype and device names, ``OrderedDict``, and
-  ``_codecs.encode`` (how pickle protocol 2 writes ``bytes``);
-- classes the caller maps to inert stand-ins of its own (``classes=``: the
-  DeepSpeed reader's, see :mod:`jaxshare.formats.deepspeed.checkpoint`).
-
-Every other global is refused in one line naming it, so the file's code never
-runs. A tensor must lie inside its storage, and a storage inside the file.
-Tensors come back as numpy arrays over the file's memory (no copy; bfloat16 and
-float8 through ``ml_dtypes``), dtypes and devices as their names
-(``"torch.float16"``). torch is never imported.
+``torch.save`` writes a zip archive (since torch 1.6), or, before, a run of
+pickles followed by the storages' bytes (the legacy format). Either way a pickle
+can run any code when loaded: :func:`unpickle_torch_file` maps the file and
+unpickles it with the restricted unpickler of the ``torch.save`` core
+(:mod:`jaxshare.formats.torch_save.unpickle`), which rebuilds tensors as numpy
+views of the file's memory (no copy), allows the classes the caller maps to inert
+stand-ins (``classes=``: the DeepSpeed reader's, see
+:mod:`jaxshare.formats.deepspeed.files`), and refuses every other global in one
+line naming it, so the file's code never runs. torch is never imported.
 
 :class:`TorchFile` is a state-dict file as a :class:`jaxshare.stream.TensorSource`:
 a tensor stored under several names (one storage) is a tie, and so is a
@@ -31,27 +18,23 @@ for a tie whose layouts differ).
 
 from __future__ import annotations
 
-import collections
-import io
-import math
 import os
 import pickle
-import struct
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from jaxshare.core.alias import AliasMap
-from jaxshare.core.dtype import numpy_dtype
 from jaxshare.core.memory import MemoryTies, array_key, memory_ties
 from jaxshare.core.report import ArrayInfo
+from jaxshare.formats.torch_save.unpickle import unpickle_torch
+from jaxshare.formats.torch_save.zip import EMPTY_ARCHIVE, LOCAL_HEADER
 from jaxshare.io.atomic import OutputKind
-from jaxshare.io.mapped import FileRange, file_extent, map_file, scattered_reads
-from jaxshare.io.source import Index, TensorSource, file_part
+from jaxshare.io.mapped import FileRange, file_extent, map_file
+from jaxshare.io.source import Index, RecordedTie, TensorSource, file_part
 
 __all__ = [
     "TORCH_FILE",
@@ -59,6 +42,7 @@ __all__ = [
     "TorchFile",
     "check_torch_file",
     "looks_like_torch_file",
+    "recorded_shared_params",
     "state_dict_in",
     "state_dict_ties",
     "unpickle_torch_file",
@@ -66,12 +50,6 @@ __all__ = [
 
 #: Suffixes of PyTorch pickle/zip weight files.
 TORCH_SUFFIXES = (".pt", ".bin", ".pth")
-
-_ZIP = b"PK\x03\x04"
-_EMPTY_ZIP = b"PK\x05\x06"
-#: The first pickle of a legacy file, and its protocol version.
-_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_LEGACY_PROTOCOL = 1001
 
 
 def looks_like_torch_file(path: str | os.PathLike) -> bool:
@@ -82,7 +60,7 @@ def looks_like_torch_file(path: str | os.PathLike) -> bool:
             head = f.read(4)
     except OSError:
         return False
-    if head.startswith((_ZIP, _EMPTY_ZIP)):
+    if head.startswith((LOCAL_HEADER, EMPTY_ARCHIVE)):
         return True
     return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
@@ -124,362 +102,6 @@ def check_torch_file(path: str | os.PathLike) -> None:
 TORCH_FILE = OutputKind("a PyTorch weights file", False, looks_like_torch_file)
 
 
-# -- the restricted unpickler ----------------------------------------------------------
-
-#: ``torch.<Kind>Storage`` -> the dtype of its elements.
-_STORAGES = {
-    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
-    "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
-    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
-}  # fmt: skip
-#: ``torch.<dtype>`` names a pickle may hold (a tensor's dtype, a loss scaler's) ->
-#: numpy's name for the same bits.
-_DTYPES = {
-    "float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
-    "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
-    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
-    "int64": "int64", "long": "int64", "int32": "int32", "int": "int32",
-    "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8",
-    "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
-    "complex64": "complex64", "cfloat": "complex64", "complex128": "complex128",
-    "cdouble": "complex128",
-}  # fmt: skip
-
-
-#: Unsigned integers by width, to stride any dtype's bits.
-_UINTS = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
-
-
-@dataclass(frozen=True, slots=True)
-class _StorageKind:
-    """What ``torch.FloatStorage`` (...) unpickles to: the element dtype's name."""
-
-    dtype: str
-
-
-@dataclass(frozen=True, slots=True)
-class _TensorClass:
-    """What ``torch.Tensor`` unpickles to (only as ``_rebuild_from_type_v2``'s type)."""
-
-
-class _Storage:
-    """One storage: a flat array of its elements over the file's bytes."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def view(self, offset: Any, size: Any, stride: Any, dtype: str | None = None) -> np.ndarray:
-        """The tensor ``torch`` would rebuild: ``size`` elements with ``stride``
-        from element ``offset`` of this storage (read as ``dtype``, for an
-        untyped storage), as a view."""
-        flat = self.array
-        if dtype is not None and np.dtype(flat.dtype) != numpy_dtype(dtype):
-            target = numpy_dtype(dtype)
-            if flat.dtype.itemsize != 1 or flat.size % target.itemsize:
-                raise pickle.UnpicklingError(
-                    f"a {dtype} tensor over a storage of {flat.size} {flat.dtype} elements"
-                )
-            flat = flat.view(target)
-        shape, strides, offset = _ints(size, "size"), _ints(stride, "stride"), _int(offset)
-        if len(shape) != len(strides) or any(n < 0 for n in (*shape, *strides, offset)):
-            raise pickle.UnpicklingError(
-                f"a tensor of size {shape} and stride {strides} at offset {offset}"
-            )
-        last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-        if math.prod(shape) and last >= flat.size:
-            raise pickle.UnpicklingError(
-                f"a tensor of size {shape} reaches element {last} of a storage of {flat.size}"
-            )
-        # (as_strided goes through the array interface, whose type strings numpy cannot
-        # parse back for every ml_dtypes type: stride the bits as integers, then view.)
-        item = flat.itemsize
-        bits = flat[offset:].view(_UINTS.get(item, flat.dtype))
-        view = np.lib.stride_tricks.as_strided(
-            bits, shape, tuple(s * item for s in strides), writeable=flat.flags.writeable
-        )
-        return view.view(flat.dtype)
-
-
-def _int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise pickle.UnpicklingError(f"a tensor offset that is not an int: {value!r}")
-    return value
-
-
-def _ints(value: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(value, tuple | list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) for n in value
-    ):
-        raise pickle.UnpicklingError(f"a tensor {what} that is not a tuple of ints: {value!r}")
-    return tuple(value)
-
-
-def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) -> np.ndarray:
-    """``torch._utils._rebuild_tensor_v2`` (and ``_rebuild_tensor``): gradients,
-    hooks and metadata are dropped; the values are what a weights file holds."""
-    if not isinstance(storage, _Storage):
-        raise pickle.UnpicklingError(f"a tensor over a {type(storage).__name__}, not a storage")
-    return storage.view(offset, size, stride)
-
-
-def _rebuild_tensor_v3(
-    storage: Any, offset: Any, size: Any, stride: Any, grad: Any, hooks: Any, dtype: Any, *_: Any
-) -> np.ndarray:
-    """``torch._utils._rebuild_tensor_v3``: an untyped storage read as ``dtype``
-    (how torch saves float8 and unsigned tensors)."""
-    if not isinstance(storage, _Storage):
-        raise pickle.UnpicklingError(f"a tensor over a {type(storage).__name__}, not a storage")
-    name = dtype.removeprefix("torch.") if isinstance(dtype, str) else None
-    if name not in _DTYPES:
-        raise pickle.UnpicklingError(f"_rebuild_tensor_v3 with dtype {dtype!r}")
-    return storage.view(offset, size, stride, _DTYPES[name])
-
-
-def _rebuild_from_type(func: Any, new_type: Any, args: Any, state: Any) -> Any:
-    """``torch._tensor._rebuild_from_type_v2`` for plain tensors only."""
-    if func not in (_rebuild_tensor, _rebuild_tensor_v3) or not isinstance(new_type, _TensorClass):
-        raise pickle.UnpicklingError("_rebuild_from_type_v2 of anything but a plain torch.Tensor")
-    if not isinstance(args, tuple):
-        raise pickle.UnpicklingError("_rebuild_from_type_v2 with arguments that are no tuple")
-    return func(*args)
-
-
-def _rebuild_parameter(data: Any, *_: Any) -> Any:
-    """``torch._utils._rebuild_parameter`` (and ``_with_state``): a parameter is its
-    tensor; ``requires_grad``, hooks and attributes are dropped."""
-    if not isinstance(data, np.ndarray):
-        raise pickle.UnpicklingError("a parameter that holds no tensor")
-    return data
-
-
-def _size(*args: Any) -> tuple[int, ...]:
-    if len(args) != 1:
-        raise pickle.UnpicklingError("torch.Size called with more than one argument")
-    return _ints(args[0], "torch.Size")
-
-
-def _encode(text: Any, encoding: Any = "latin1") -> bytes:
-    """``_codecs.encode``, as protocol 2 uses it for ``bytes``: latin-1 only."""
-    if not isinstance(text, str) or encoding != "latin1":
-        raise pickle.UnpicklingError("_codecs.encode beyond latin-1 text")
-    return text.encode("latin1")
-
-
-def _device(*args: Any) -> str:
-    if not all(isinstance(a, str | int) and not isinstance(a, bool) for a in args):
-        raise pickle.UnpicklingError("torch.device of anything but a name and an index")
-    return ":".join(str(a) for a in args)
-
-
-_CALLABLES: dict[str, Callable[..., Any]] = {
-    "collections.OrderedDict": collections.OrderedDict,
-    "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
-    "torch._utils._rebuild_tensor": _rebuild_tensor,
-    "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
-    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
-    "torch._utils._rebuild_parameter": _rebuild_parameter,
-    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
-    "torch.Size": _size,
-    "torch.device": _device,
-    "_codecs.encode": _encode,
-}
-
-
-#: The callables above that build tensors: in a dry run (:class:`_Legacy`'s first
-#: pass, before the storages' bytes are known) they build nothing.
-_BUILDERS = frozenset(n for n in _CALLABLES if "_rebuild_" in n)
-
-
-def _nothing(*_: Any) -> None:
-    return None
-
-
-class _Unpickler(pickle.Unpickler):
-    """Unpickles one pickle of a PyTorch file with the allowlist above (and
-    ``classes``); ``storage(pid)`` resolves persistent ids. A ``dry`` run checks
-    every global and records the storages, but builds no tensor."""
-
-    def __init__(
-        self,
-        stream: Any,
-        storage: Callable[[tuple], Any] | None,
-        classes: Mapping[str, type],
-        *,
-        dry: bool = False,
-    ) -> None:
-        super().__init__(stream)
-        self._storage = storage
-        self._classes = classes
-        self._dry = dry
-
-    def find_class(self, module: str, name: str) -> Any:
-        fq = f"{module}.{name}"
-        if self._dry and fq in _BUILDERS:
-            return _nothing
-        found = _CALLABLES.get(fq) or self._classes.get(fq)
-        if found is not None:
-            return found
-        if module in ("torch", "torch.storage") and name in _STORAGES:
-            return _StorageKind(_STORAGES[name])
-        if fq == "torch.Tensor":
-            return _TensorClass()
-        if module == "torch" and name in _DTYPES:
-            return fq
-        raise pickle.UnpicklingError(f"Trying to load unsupported GLOBAL {fq}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        if self._storage is None:
-            raise pickle.UnpicklingError("a storage outside the object pickle")
-        if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
-        if not isinstance(pid[1], _StorageKind) or not isinstance(pid[4], int):
-            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
-        return self._storage(pid)
-
-
-class _Zip:
-    """A ``torch.save`` zip archive: its pickle and its storages, over ``data``."""
-
-    def __init__(self, path: Path, data: np.ndarray) -> None:
-        with zipfile.ZipFile(path) as z:
-            self._entries = {info.filename: info for info in z.infolist()}
-            pickles = [n for n in self._entries if n.endswith("/data.pkl") and n.count("/") == 1]
-            if len(pickles) != 1:
-                raise ValueError(f"expected one NAME/data.pkl in the archive, found {len(pickles)}")
-            self.prefix = pickles[0].split("/")[0]
-            self.pickle = z.read(pickles[0])
-            order = self._entries.get(f"{self.prefix}/byteorder")
-            byteorder = z.read(order).decode(errors="replace") if order else "little"
-        if byteorder != "little":
-            raise ValueError(f"tensors stored {byteorder}-endian; expected little-endian")
-        self._data = data
-        self._storages: dict[str, _Storage] = {}
-
-    def storage(self, pid: tuple) -> _Storage:
-        _, kind, key, _location, numel, *_ = pid
-        key = str(key)
-        found = self._storages.get(key)
-        if found is not None:
-            return found
-        info = self._entries.get(f"{self.prefix}/data/{key}")
-        if info is None:
-            raise ValueError(f"the pickle names storage {key!r}, which the archive lacks")
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"storage {key!r} is compressed; torch.save stores storages as-is")
-        local = self._data[info.header_offset : info.header_offset + 30].tobytes()
-        if len(local) != 30 or local[:4] != _ZIP:
-            raise ValueError(f"storage {key!r} has no local zip header where the index says")
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        start = info.header_offset + 30 + name_len + extra_len
-        dtype = numpy_dtype(kind.dtype)
-        if numel * dtype.itemsize > info.file_size or start + info.file_size > self._data.size:
-            raise ValueError(
-                f"storage {key!r} holds {info.file_size} bytes, fewer than its "
-                f"{numel} {kind.dtype} elements"
-            )
-        array = np.frombuffer(self._data, dtype, count=numel, offset=start)
-        self._storages[key] = storage = _Storage(array)
-        return storage
-
-    def load(self, classes: Mapping[str, type]) -> Any:
-        with scattered_reads(self._data):  # (The storages' local headers.)
-            return _Unpickler(io.BytesIO(self.pickle), self.storage, classes).load()
-
-
-class _Legacy:
-    """A legacy (pre-1.6) ``torch.save`` stream over ``data``.
-
-    Storages are read after the object pickle, so the object is unpickled twice:
-    once to find where it ends (the storage keys and bytes follow it), then
-    over the storages' bytes.
-    """
-
-    def __init__(self, data: np.ndarray) -> None:
-        self._data = data
-        stream = _Reader(data)
-        if self._plain(stream) != _LEGACY_MAGIC:
-            raise ValueError("not a torch.save file: its first pickle is not torch's magic number")
-        if self._plain(stream) != _LEGACY_PROTOCOL:
-            raise ValueError("a legacy torch.save file of an unknown protocol version")
-        info = self._plain(stream)
-        if not isinstance(info, dict) or info.get("little_endian") is not True:
-            raise ValueError("tensors stored big-endian; expected little-endian")
-        self._object = stream.tell()
-        self._kinds: dict[str, tuple[str, int]] = {}  # storage key -> (dtype, numel)
-        _Unpickler(stream, self._record, {}, dry=True).load()
-        keys = self._plain(stream)
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            raise ValueError("the storage keys of a legacy file are not a list of names")
-        self._storages: dict[str, _Storage] = {}
-        position = stream.tell()
-        for key in keys:
-            dtype_name, numel = self._kinds.get(key, ("uint8", -1))
-            head = data[position : position + 8].tobytes()
-            if len(head) != 8:
-                raise ValueError(f"storage {key!r} runs past the end of the file")
-            (count,) = struct.unpack("<q", head)
-            dtype = numpy_dtype(dtype_name)
-            end = position + 8 + count * dtype.itemsize
-            if count != numel or end > data.size:
-                raise ValueError(
-                    f"storage {key!r} holds {count} elements where the pickle names {numel}, "
-                    "or runs past the end of the file"
-                )
-            array = np.frombuffer(data, dtype, count=count, offset=position + 8)
-            self._storages[key] = _Storage(array)
-            position = end
-        missing = sorted(set(self._kinds) - set(self._storages))
-        if missing:
-            raise ValueError(f"the pickle names storages {missing[:3]} the file does not hold")
-
-    @staticmethod
-    def _plain(stream: _Reader) -> Any:
-        return _Unpickler(stream, None, {}).load()
-
-    def _record(self, pid: tuple) -> None:
-        _, kind, key, _location, numel, *_ = pid
-        self._kinds.setdefault(str(key), (kind.dtype, numel))
-
-    def _storage(self, pid: tuple) -> _Storage:
-        _, _kind, key, _location, _numel, *view = pid
-        storage = self._storages[str(key)]
-        if view and view[0] is not None:  # (view key, offset, size): a slice of the storage
-            _, offset, size = view[0]
-            storage = _Storage(storage.array[_int(offset) : _int(offset) + _int(size)])
-        return storage
-
-    def load(self, classes: Mapping[str, type]) -> Any:
-        return _Unpickler(_Reader(self._data, self._object), self._storage, classes).load()
-
-
-class _Reader:
-    """A read-only file over an array of bytes, for pickle: reads copy only what
-    they return, so the storages' bytes are never read through it."""
-
-    def __init__(self, data: np.ndarray, position: int = 0) -> None:
-        self._view = memoryview(data)  # type: ignore[arg-type]  # (a uint8 array)
-        self._position = position
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self._view) if n < 0 else min(len(self._view), self._position + n)
-        out = self._view[self._position : end].tobytes()
-        self._position = end
-        return out
-
-    def readline(self) -> bytes:
-        end = self._position
-        while end < len(self._view) and self._view[end] != 0x0A:
-            end += 1
-        return self.read(end + 1 - self._position)
-
-    def tell(self) -> int:
-        return self._position
-
-
 Mode = Literal["read", "copy-on-write", "memory"]
 
 
@@ -492,7 +114,8 @@ def unpickle_torch_file(
     fix: str = "if you trust this file, load it yourself and pass the state dict",
 ) -> Any:
     """A ``torch.save`` file (zip or legacy), unpickled with the restricted
-    unpickler of this module: tensors as numpy arrays over the file's memory,
+    unpickler (:mod:`jaxshare.formats.torch_save.unpickle`): tensors as numpy
+    arrays over the file's memory,
     ``classes`` (fully-qualified name -> stand-in) allowed too, anything else
     refused.
 
@@ -525,9 +148,7 @@ def unpickle_torch_file(
             data = np.fromfile(path, np.uint8)
         else:
             data = map_file(path, private=mode == "copy-on-write")
-        zipped = data[:2].tobytes() == b"PK"
-        reader: _Zip | _Legacy = _Zip(path, data) if zipped else _Legacy(data)
-        return reader.load(classes or {})
+        return unpickle_torch(data, classes or {}, file=path)
     except pickle.UnpicklingError as e:
         raise ValueError(
             f"{path}: refused: loading it would run code beyond rebuilding tensors ({e}). "
@@ -555,9 +176,8 @@ def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str
       ValueError: the file holds no state dict, or a recorded tie names a
         canonical it lacks or a zero-size one.
     """
-    recorded: Any = {}
+    recorded = recorded_shared_params(obj)
     if isinstance(obj, Mapping) and isinstance(obj.get("module"), Mapping):  # DeepSpeed
-        recorded = obj.get("shared_params") or {}
         obj = obj["module"]
     if not isinstance(obj, Mapping) or not all(
         isinstance(k, str) and isinstance(v, np.ndarray) for k, v in obj.items()
@@ -571,9 +191,9 @@ def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str
         )
     state = dict(obj)
     ties: dict[str, str] = {}
-    for alias, canonical in dict(recorded).items():
+    for alias, canonical in recorded.items():
         if alias in state:
-            continue  # What the file stores is the truth.
+            continue  # What the file stores is the truth (``TorchFile.unapplied_ties``).
         if canonical not in state or state[canonical].size == 0:
             raise ValueError(
                 f"{path}: DeepSpeed's shared_params ties {alias!r} to {canonical!r}, "
@@ -587,6 +207,16 @@ def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str
         state[alias] = state[canonical]
         ties[alias] = canonical
     return state, ties
+
+
+def recorded_shared_params(obj: Any) -> dict[str, str]:
+    """DeepSpeed's ``shared_params`` (``{alias: canonical}``) as the unpickled
+    checkpoint ``obj`` records it, its string entries; none for any other file."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("module"), Mapping):
+        found = obj.get("shared_params")
+        if isinstance(found, Mapping):
+            return {a: c for a, c in found.items() if isinstance(a, str) and isinstance(c, str)}
+    return {}
 
 
 def state_dict_ties(state: Mapping[str, np.ndarray]) -> MemoryTies:
@@ -630,11 +260,17 @@ class TorchFile(TensorSource):
 
     def __init__(self, path: str | os.PathLike, /) -> None:
         self.path = Path(path)
-        self.state, recorded = state_dict_in(self.path, unpickle_torch_file(self.path))
+        obj = unpickle_torch_file(self.path)
+        self.state, recorded = state_dict_in(self.path, obj)
         self.infos = {k: ArrayInfo(tuple(a.shape), a.dtype.name) for k, a in self.state.items()}
         found = state_dict_ties(self.state)
         self.ties = AliasMap(found.aliases, transforms=found.transforms)
         self.origins = {a: "shared_params" if a in recorded else "storage" for a in self.ties}
+        self.unapplied_ties = tuple(
+            RecordedTie(a, c, "shared_params")
+            for a, c in recorded_shared_params(obj).items()
+            if a not in recorded
+        )
         self.parts = (file_part(self.path, len(self.state)),)
 
     @property

@@ -41,7 +41,7 @@ from jaxshare.io.atomic import OutputKind, atomic_output
 from jaxshare.io.mapped import FileRange, map_file
 from jaxshare.io.output_file import OutputFile
 from jaxshare.io.plan import Plan
-from jaxshare.io.source import Index, TensorSource, file_part
+from jaxshare.io.source import Index, RecordedTie, TensorSource, UnheldTies, file_part
 
 __all__ = [
     "ALIAS_MAP_KEY",
@@ -59,6 +59,7 @@ __all__ = [
     "inspect_safetensors",
     "is_safetensors_file",
     "manifest_in",
+    "save_model_ties",
     "tie_metadata",
     "read_header",
     "save_plan",
@@ -73,6 +74,11 @@ NAMING_KEY = "jaxshare.naming"
 #: The metadata key holding the per-tensor hashes of the file (``Manifest`` JSON), when
 #: it was written with ``manifest=True``.
 MANIFEST_KEY = "jaxshare.manifest"
+#: The origin of a tie ``safetensors.torch.save_model`` records: the name of each
+#: tensor it dropped as a duplicate, a metadata key whose value is the name it kept.
+SAVE_MODEL = "save_model metadata"
+#: Metadata keys that are never ``save_model``'s records.
+_RESERVED = frozenset({"format", ALIAS_MAP_KEY, NAMING_KEY, MANIFEST_KEY})
 #: safetensors refuses headers over 100 MB; so does jaxshare, before reading one.
 MAX_HEADER_BYTES = 100_000_000
 
@@ -302,6 +308,7 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
         except ValueError as e:
             raise ValueError(f"{header.path}: metadata {NAMING_KEY!r} is invalid: {e}") from None
     problems = []
+    unheld = [RecordedTie(a, c, "metadata") for a, c in amap.items() if c not in header.tensors]
     for alias, canonical in amap.items():
         entry = header.tensors.get(canonical)
         if entry is None:
@@ -316,12 +323,48 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
                 f"{entry.shape}"
             )
     if problems:
-        raise ValueError(
+        message = (
             f"{header.path}: metadata {ALIAS_MAP_KEY!r} does not fit the file: "
             + "; ".join(problems[:3])
             + (f"; ... ({len(problems)} problems)" if len(problems) > 3 else "")
         )
+        if len(unheld) == len(problems):
+            raise UnheldTies(message, header.path, "safetensors", unheld)
+        raise ValueError(message)
     return amap
+
+
+def save_model_ties(
+    header: SafetensorsHeader, amap: AliasMap
+) -> tuple[dict[str, str], list[RecordedTie]]:
+    """The ties ``safetensors.torch.save_model`` records in a file's metadata: each
+    name it dropped as a duplicate, as a key whose value is the name it kept
+    (``{"lm_head.weight": "transformer.wte.weight"}``).
+
+    Returns ``(applied, recorded)``: ``{dropped: kept}`` for each dropped name the
+    file does not store (its tensor is the kept one's, to a canonical of ``amap``,
+    the file's alias map), and the entries that cannot be applied -- a dropped name
+    the file stores in its own right -- for ``check`` to hold against the values.
+    A key whose value names no stored tensor is other metadata, not a record.
+
+    >>> from safetensors.numpy import save_file
+    >>> import tempfile
+    >>> path = tempfile.mkdtemp() + "/m.safetensors"
+    >>> save_file({"wte.weight": np.zeros((4, 2), np.float32)}, path,
+    ...           metadata={"format": "pt", "lm_head.weight": "wte.weight"})
+    >>> save_model_ties(read_header(path), AliasMap())
+    ({'lm_head.weight': 'wte.weight'}, [])
+    """
+    applied: dict[str, str] = {}
+    recorded: list[RecordedTie] = []
+    for key, value in header.metadata.items():
+        if key in _RESERVED or key == value or value not in header.tensors or key in amap:
+            continue
+        if key in header.tensors:
+            recorded.append(RecordedTie(key, value, SAVE_MODEL))
+        else:
+            applied[key] = amap.get(value, value)
+    return applied, recorded
 
 
 def manifest_in(header: SafetensorsHeader) -> Manifest | None:
@@ -389,14 +432,26 @@ class SafetensorsFile(TensorSource):
         self.header = read_header(path)
         self.path = self.header.path
         self.infos = self.header.infos
-        self.ties = alias_map_in(self.header)
-        self.origins = dict.fromkeys(self.ties, "metadata")
+        amap = alias_map_in(self.header)
+        dropped, unapplied = save_model_ties(self.header, amap)
+        self.unapplied_ties = tuple(unapplied)
+        self.origins = {**dict.fromkeys(amap, "metadata"), **dict.fromkeys(dropped, SAVE_MODEL)}
+        transforms = {**amap.transforms}
+        for alias in dropped:  # (A kept name that is itself an alias: its transform.)
+            kept = self.header.metadata[alias]
+            if kept in amap and (perm := amap.transform(kept)) is not None:
+                transforms[alias] = perm
+        ties = {**dict(amap.items()), **dropped}
+        self.ties = AliasMap(ties, transforms=transforms, naming=amap.naming)
         self.parts = (file_part(self.path, len(self.infos)),)
         mapped = map_file(self.path)
         self._map = mapped if mapped.size else None
 
     def read(self, name: str) -> np.ndarray:
         return self.array(name)
+
+    def manifest(self) -> Manifest | None:
+        return manifest_in(self.header)
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return np.array(self.array(name)[index])

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxshare.io.threads import parallel_map, worker_count
 
-__all__ = ["same_bytes"]
+__all__ = ["same_bytes", "words"]
 
 #: Bytes compared at a time, at most.
 BLOCK_BYTES = 16 * 2**20
@@ -30,7 +30,7 @@ def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
     """
     if x.shape != y.shape or x.dtype != y.dtype:
         return False
-    bx, by = (_words(v) for v in (x, y))
+    bx, by = (words(v) for v in (x, y))
     step = max(1, min(BLOCK_BYTES, -(-bx.nbytes // (4 * worker_count()))) // bx.itemsize)
     parts = [(start, start + step) for start in range(0, bx.size, step)]
     return all(
@@ -38,7 +38,7 @@ def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
     )
 
 
-def _words(a: np.ndarray) -> np.ndarray:
+def words(a: np.ndarray) -> np.ndarray:
     """The bytes of ``a`` as 8-byte words where they divide (fewer, wider compares)."""
     flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     return flat.view(np.uint64) if flat.size % 8 == 0 else flat

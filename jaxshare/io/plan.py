@@ -5,7 +5,8 @@ index, ``config.json``, an Orbax item's metadata, DeepSpeed's ``param_shapes``)
 and decides each output's name, layout and dtype, and the ties of the output:
 the plan. Then writers (an Orbax item, a safetensors file, a Hugging Face
 directory) ask it for one output array at a time, read from the source with
-:meth:`Plan.array`, so memory holds about one tensor.
+:meth:`Plan.array`, so memory holds about two tensors (one read while the one
+before is written).
 """
 
 from __future__ import annotations
@@ -488,7 +489,7 @@ class PlannedSource(TensorSource):
         }
         self.ties = plan.alias_map
         self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config = getattr(source, "config", None)
+        self.config, self.buffers = source.config, source.buffers
 
     @property
     def where(self) -> str:

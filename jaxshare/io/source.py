@@ -17,21 +17,51 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 
 from jaxshare.core.alias import AliasMap
+from jaxshare.core.manifest import Manifest
 from jaxshare.core.perm import Perm
 from jaxshare.core.report import ArrayInfo, TieReport
 from jaxshare.io.mapped import FileRange
 
-__all__ = ["Index", "TensorSource", "file_part"]
+__all__ = ["Index", "RecordedTie", "RetiedSource", "TensorSource", "UnheldTies", "file_part"]
 
 #: A basic index into an array: one slice per axis, as ``jax.make_array_from_callback``
 #: hands them out.
 Index = tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class RecordedTie:
+    """One tie as an input records it, whether or not its source applies it.
+
+    Attributes:
+      alias: the name the tie says is the canonical's tensor.
+      canonical: the name it is tied to.
+      origin: where the input records it (``"metadata"``, ``"save_model metadata"``,
+        ``"shared_params"``, ``"storage"``, ``"config.json"``, ...).
+      transform: the permutation from the canonical to the alias, if any.
+    """
+
+    alias: str
+    canonical: str
+    origin: str
+    transform: Perm | None = None
+
+
+class UnheldTies(ValueError):
+    """An input records ties to tensors it does not store, so no source can apply
+    them: the one-line message names the file and the first such tie; ``ties``
+    holds every one, and ``kind`` what the input is, for ``check`` to report."""
+
+    def __init__(self, message: str, path: Path, kind: str, ties: Sequence[RecordedTie]) -> None:
+        super().__init__(message)
+        self.path, self.kind, self.ties = path, kind, tuple(ties)
 
 
 class TensorSource(abc.ABC):
@@ -66,6 +96,14 @@ class TensorSource(abc.ABC):
       notes: what else the input holds that its tensors here leave out (a
         training checkpoint's optimizer state), one line each, for reports and
         conversions to say.
+      config: the model's ``config.json`` the input declares, as a dict (a
+        Hugging Face directory's own, an Orbax item's kept copy of it); ``None``
+        where it declares none.
+      buffers: the names that are buffers, not parameters, where the source
+        knows (a module's); ``None`` otherwise.
+      unapplied_ties: ties the input records that the source does not apply (an
+        alias the input also stores in its own right, a canonical it lacks):
+        held against the stored values by ``check``, never used to convert.
     """
 
     path: Path | None = None
@@ -79,6 +117,9 @@ class TensorSource(abc.ABC):
     assets: Mapping[str, Path] = {}
     other_files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    config: Mapping[str, Any] | None = None
+    buffers: frozenset[str] | None = None
+    unapplied_ties: tuple[RecordedTie, ...] = ()
 
     @abc.abstractmethod
     def read(self, name: str) -> Any:
@@ -146,6 +187,26 @@ class TensorSource(abc.ABC):
         ``None`` where any part is read alone (a mapped file, memory)."""
         return None
 
+    def manifest(self) -> Manifest | None:
+        """The per-tensor hashes the input carries (written by ``convert --manifest``:
+        an Orbax item's ``jaxshare_manifest.json``, a ``.safetensors`` file's
+        metadata, a Hugging Face directory's index); ``None`` where it has none.
+
+        Raises:
+          ValueError: a manifest that is not one (one line naming the file).
+        """
+        return None
+
+    @property
+    def recorded_ties(self) -> tuple[RecordedTie, ...]:
+        """Every tie the input records, as it records it: those the source applies
+        (:attr:`ties`, with their :attr:`origins`), then :attr:`unapplied_ties`."""
+        applied = tuple(
+            RecordedTie(a, c, self.origins.get(a, "alias map"), self.ties.transform(a))
+            for a, c in self.ties.items()
+        )
+        return applied + tuple(self.unapplied_ties)
+
     def close(self) -> None:  # noqa: B027 -- optional: most sources hold no file open.
         """Releases files; arrays already returned stay valid."""
 
@@ -190,6 +251,84 @@ class TensorSource(abc.ABC):
             self.chunk_lines(),
             tuple(self.notes),
         )
+
+
+class RetiedSource(TensorSource):
+    """``source`` with other ties (and more assets): the same tensors, read through
+    it; everything else the source says of itself is kept. Conversions that are
+    told of ties an input does not record (``--tie``, a config's) read it so.
+
+    Args:
+      source: the source read.
+      ties: its ties now (every canonical stored; an alias it also stores is
+        written out).
+      origins: where the new ties come from, by alias (the source's own kept).
+      assets: more files that travel with the tensors, by name.
+    """
+
+    def __init__(
+        self,
+        source: TensorSource,
+        ties: AliasMap,
+        origins: Mapping[str, str] | None = None,
+        assets: Mapping[str, Path] | None = None,
+    ) -> None:
+        self._source = source
+        self.path, self.kind, self.infos = source.path, source.kind, source.infos
+        self.ties, self.origins = ties, {**source.origins, **(origins or {})}
+        self.layers, self.config, self.buffers = source.layers, source.config, source.buffers
+        self.parts, self.other_files, self.notes = source.parts, source.other_files, source.notes
+        self.assets = {**source.assets, **(assets or {})}
+        self.mapped, self.unapplied_ties = source.mapped, source.unapplied_ties
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    @property
+    def written_out(self) -> frozenset[str]:
+        shared = self._source.ties
+        own = {a for a in self._source.written_out if a in self.ties}
+        return frozenset(own | {a for a in self.ties if a in self.infos and a not in shared})
+
+    def read(self, name: str) -> Any:
+        return self._source.read(name)
+
+    def array(self, name: str) -> np.ndarray:
+        return self._source.array(name)
+
+    def blocks(self, name: str) -> Iterable[np.ndarray]:
+        return self._source.blocks(name)
+
+    def extents(self, name: str) -> Sequence[FileRange]:
+        return self._source.extents(name)
+
+    def read_slice(self, name: str, index: Index) -> np.ndarray:
+        return self._source.read_slice(name, index)
+
+    def array_in_rows(self, name: str) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
+        return self._source.array_in_rows(name)
+
+    def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
+        return self._source.permuted_array(name, perm)
+
+    def permutes_as_read(self, name: str) -> bool:
+        return self._source.permutes_as_read(name)
+
+    def permuted_blocks(self, name: str, perm: Perm) -> Iterable[np.ndarray] | None:
+        return self._source.permuted_blocks(name, perm)
+
+    def chunk_shape(self, name: str) -> tuple[int, ...] | None:
+        return self._source.chunk_shape(name)
+
+    def chunk_lines(self) -> tuple[str, ...]:
+        return self._source.chunk_lines()
+
+    def manifest(self) -> Manifest | None:
+        return self._source.manifest()
+
+    def close(self) -> None:
+        self._source.close()
 
 
 def file_part(path: str | os.PathLike, tensors: int) -> str:

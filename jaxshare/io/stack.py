@@ -120,7 +120,7 @@ class _Layered(TensorSource):
         self._source = source
         self.path, self.kind = source.path, source.kind
         self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config = getattr(source, "config", None)
+        self.config = source.config
 
     @property
     def where(self) -> str:
@@ -203,7 +203,7 @@ class StackedSource(_Layered):
         self.mapped = source.mapped
         if source.layers is not None:
             self.layers = self._stacked_modules(source.layers, prefixes)
-        buffers = getattr(source, "buffers", None)
+        buffers = source.buffers
         if buffers is not None:
             self.buffers = frozenset(where[b][0] if b in where else b for b in buffers)
 

@@ -3,9 +3,12 @@ documented, and light to import -- read in a fresh interpreter."""
 
 import inspect
 
+import pytest
+
 import bridge
 
 
+@pytest.mark.subprocess
 def test_the_face_lists_each_name_with_its_home(api_surface):
     face = api_surface("bridge")
     assert face["problems"] == []
@@ -15,6 +18,7 @@ def test_the_face_lists_each_name_with_its_home(api_surface):
     assert set(face["after"]) == set(face["all"])
 
 
+@pytest.mark.subprocess
 def test_importing_the_bridge_imports_no_framework(api_surface):
     assert api_surface("bridge")["frameworks_at_import"] == []
 

@@ -272,6 +272,7 @@ def test_a_dcp_folder_jaxshare_writes_loads_strictly_with_stock_dcp_load(tied, t
 # -- 4. two processes, a sharding of their own -----------------------------------------
 
 
+@pytest.mark.subprocess
 def test_two_processes_read_the_two_rank_folder_each_only_the_chunks_it_needs(
     tmp_path, run_processes
 ):

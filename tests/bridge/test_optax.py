@@ -324,7 +324,7 @@ def test_steps_that_differ_are_one_line():
 
 def test_optax_for_builds_the_groups_tx(run):
     _, model, opt = run
-    from bridge.training.optax import read_training
+    from bridge.training.state import read_training
 
     state = read_training((model, opt)).optimizer
     tx = bridge.optax_for(state)

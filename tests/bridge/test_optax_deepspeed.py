@@ -14,7 +14,8 @@ import torch
 import transformers
 
 import bridge
-from bridge.training.optax import _SlotSource
+from bridge.training.optax_state import moments_of
+from bridge.training.to_optax import SlotAsParams
 from jaxshare import formats, tie
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deepspeed_optim"
@@ -43,7 +44,7 @@ def _grads(folder: Path, grads: dict[str, torch.Tensor]):
     """The recorded gradient placed as the params are (frozen parameters: zeros)."""
     params, _ = formats.read_deepspeed_training(folder)
     slot = formats.SlotSource("grad", {k: v.float().numpy() for k, v in grads.items()})
-    return tie(*bridge.to_flax(_SlotSource(params, slot)))
+    return tie(*bridge.to_flax(SlotAsParams(params, slot)))
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -60,7 +61,7 @@ def test_zero_run_resumes_in_optax_and_back(name):
     tx = bridge.optax_for(state)  # AdamW over two groups, the frozen parameter set to zero
     params, opt_state = bridge.to_optax(folder, tx)
     where = _flax_of(params)
-    moments = bridge.training.optax.moments_of(opt_state, "adam")
+    moments = moments_of(opt_state, "adam")
     for torch_name, (path, perm) in where.items():
         want = ref["fp32_params"].get(torch_name, consolidated.get(torch_name))
         if want is not None:  # (ZeRO-1's zero_to_fp32 leaves the frozen one out.)

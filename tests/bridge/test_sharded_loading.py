@@ -123,6 +123,7 @@ def test_replicated_blocks_are_read_once_per_process(weights):
     assert sorted(source.reads) == [("proj.weight", 2 * D * D * 4), ("wte.weight", V * D * 4)]
 
 
+@pytest.mark.subprocess
 def test_two_processes_each_read_only_their_half(tmp_path, run_processes):
     torch.manual_seed(0)
     emb = torch.randn(256, 32)

@@ -7,14 +7,18 @@ wrong answer it gives and the right one we give. ``benchmarks/bridge_convert.py`
 the real DeepSpeed.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
+from torch.nn.utils import parametrize
 
 from bridge import shared_params
-from bridge.torch.shared import storage_key
+from bridge.torch.shared import state_dict_of, storage_key
+from jaxshare.internal import memory_ties
 
 
 class TiedLM(nn.Module):
@@ -150,13 +154,26 @@ def test_zero3_parameters_are_keyed_by_ds_id(deepspeed_shared_params):
         (lambda a: a.view(torch.int32), False),  # another dtype
         (lambda a: a.view(3, 2).t().reshape(6), False),  # a copy
         (lambda a: a.as_strided((3,), (2,)), False),  # another stride
+        (lambda a: a[:1].expand(6), False),  # another stride alone
     ],
-    ids=["same", "detached", "reshaped-back", "prefix", "suffix", "dtype", "copy", "stride"],
+    ids=[
+        "same",
+        "detached",
+        "reshaped-back",
+        "prefix",
+        "suffix",
+        "dtype",
+        "copy",
+        "stride",
+        "broadcast",
+    ],
 )
 def test_tensors_are_keyed_by_storage_offset_shape_stride_and_dtype(make_b, tied):
     a = torch.arange(6.0)
     state = {"a": a, "b": make_b(a)}
     assert shared_params(state) == ({"b": "a"} if tied else {})
+    # The plain key and the extent agree on every pair.
+    assert _assert_keys_agree([a, state["b"]]) == (2 if tied and state["b"] is not a else 0)
 
 
 class _FreshTensors(Mapping):
@@ -192,3 +209,268 @@ def test_non_tensor_entries_are_never_tied():
 def test_bad_input_is_named(bad, match):
     with pytest.raises(TypeError, match=match):
         shared_params(bad)
+
+
+# -- the walk is state_dict() --------------------------------------------------
+# `state_dict_of` walks a module itself where every submodule saves as
+# `nn.Module` does, and asks `state_dict()` otherwise: either way the same names,
+# order and objects as `state_dict(keep_vars=True)`, and the same ties as keying
+# that state dict by extents.
+
+
+def _ties_of_state_dict(module: nn.Module) -> dict[str, str]:
+    """The oracle: ``state_dict(keep_vars=True)`` keyed by extents."""
+    state = module.state_dict(keep_vars=True)
+    return memory_ties({n: storage_key(v, extent=True) for n, v in state.items()}).aliases
+
+
+def _assert_walk_is_state_dict(module: nn.Module) -> None:
+    got, want = state_dict_of(module), module.state_dict(keep_vars=True)
+    assert list(got) == list(want)
+    assert all(got[k] is want[k] for k in want)
+    assert shared_params(module) == _ties_of_state_dict(module)
+
+
+def _gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=16, n_positions=8)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _buffers() -> nn.Module:
+    model = nn.Module()
+    table = torch.arange(4.0)
+    model.register_buffer("cos", table)
+    model.register_buffer("scratch", table, persistent=False)
+    model.register_buffer("cos_again", table)
+    model.register_buffer("unset", None)
+    model.register_parameter("no_bias", None)
+    model.register_module("no_child", None)
+    return model
+
+
+def _batchnorms() -> nn.Module:
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2), nn.BatchNorm2d(2))
+    model[2].running_mean = model[1].running_mean  # buffers tied, `num_batches_tracked` kept
+    return model
+
+
+def _parameter_twice() -> nn.Module:
+    model = nn.Linear(2, 2)
+    model.register_parameter("weight_again", model.weight)
+    return model
+
+
+class _Symmetric(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.triu() + x.triu(1).transpose(-1, -2)
+
+
+def _parametrized() -> nn.Module:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    parametrize.register_parametrization(model[0], "weight", _Symmetric())
+    model[1].weight = model[0].parametrizations.weight.original
+    return model
+
+
+class _SavesATie(nn.Linear):  # a class that saves more than `nn.Module` does
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight_copy"] = destination[prefix + "weight"]
+
+
+class _StateDictSavesATie(nn.Linear):  # as a class overriding `state_dict` itself
+    def state_dict(self, *, destination=None, prefix="", keep_vars=False):
+        out = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        out[prefix + "weight_again"] = out[prefix + "weight"]
+        return out
+
+
+class _TensorExtraState(nn.Linear):  # its extra state is a tensor (as Transformer Engine's)
+    def get_extra_state(self) -> torch.Tensor:
+        return self.weight
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        pass
+
+
+def _in(child: nn.Module, hook: Callable[[nn.Module], object] | None = None) -> nn.Module:
+    """``child`` under a parent that has a tie of its own; ``hook(child)`` applied."""
+    model = TiedLM()
+    model.block = child
+    if hook is not None:
+        hook(child)
+    return model
+
+
+def _patch_state_dict(module: nn.Module) -> None:
+    original = module.state_dict
+
+    def state_dict(*, destination=None, prefix="", keep_vars=False):
+        out = original(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        out[prefix + "weight_again"] = out[prefix + "weight"]
+        return out
+
+    module.state_dict = state_dict  # type: ignore[method-assign]  # the object's own
+
+
+def _drop_bias_after_saving(module: nn.Module) -> None:
+    def hook(m: nn.Module, state: dict, prefix: str, meta: dict) -> None:
+        del state[prefix + "bias"]
+
+    module.register_state_dict_post_hook(hook)
+
+
+def _tie_before_saving(module: nn.Module) -> None:
+    table = torch.arange(3.0)
+
+    def hook(m: nn.Module, prefix: str, keep_vars: bool) -> None:
+        m.register_buffer("table", table)
+        m.register_buffer("table_again", table)
+
+    module.register_state_dict_pre_hook(hook)
+
+
+def _renaming_root_hook(module: nn.Module) -> nn.Module:
+    # The private API, whose returned dict replaces the root's state dict.
+    module._register_state_dict_hook(
+        lambda m, sd, prefix, meta: {"x." + k: v for k, v in sd.items()}
+    )
+    return module
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _gpt2,
+        _batchnorms,
+        _twice_registered_module,
+        _parameter_twice,
+        _buffers,
+        _parametrized,
+        Encoder,
+        # Each of these only `state_dict()` can answer:
+        lambda: _in(_SavesATie(2, 2)),
+        lambda: _in(_StateDictSavesATie(2, 2)),
+        lambda: _in(_TensorExtraState(2, 2)),
+        lambda: _in(nn.Linear(2, 2), _patch_state_dict),
+        lambda: _in(nn.Linear(2, 2), _drop_bias_after_saving),
+        lambda: _in(nn.Linear(2, 2), _tie_before_saving),
+        lambda: _in(TiedLM(), _renaming_root_hook),
+        lambda: _renaming_root_hook(TiedLM()),
+    ],
+    ids=[
+        "gpt2",
+        "batchnorm",
+        "shared-module",
+        "parameter-twice",
+        "buffers-and-none",
+        "parametrized",
+        "four-names",
+        "save-to-state-dict",
+        "state-dict-override",
+        "tensor-extra-state",
+        "patched-state-dict",
+        "post-hook",
+        "pre-hook",
+        "child-returning-hook",
+        "root-returning-hook",
+    ],
+)
+def test_the_walk_is_state_dict(make):
+    module = make()
+    _assert_walk_is_state_dict(module)
+    assert shared_params(module)  # every case has a tie, so a lost one would show
+
+
+def test_the_walk_of_a_lazy_module_is_state_dict():
+    module = nn.Sequential(nn.LazyLinear(3), nn.Linear(3, 3))  # LazyLinear saves its own way
+    got, want = state_dict_of(module), module.state_dict(keep_vars=True)
+    assert list(got) == list(want) and all(got[k] is want[k] for k in want)
+
+
+# Views of a 1-D tensor (of 12 elements, or of none).
+_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "same": lambda t: t,
+    "view": lambda t: t.view(t.shape),
+    "prefix": lambda t: t[: len(t) // 2],
+    "suffix": lambda t: t[len(t) // 2 :],
+    "matrix": lambda t: t.view(2, -1) if len(t) else t.view(0, 2),
+    "transposed": lambda t: t.view(2, -1).t() if len(t) else t.view(0, 2).t(),
+    "matrix, strided": lambda t: t.view(-1, 2).t() if len(t) else t.view(2, 0),
+    "broadcast": lambda t: t[:1].expand(len(t)),
+    "as int": lambda t: t.view(torch.int32) if t.dtype == torch.float32 else t,
+}
+
+
+def _assert_keys_agree(tensors: list) -> int:
+    """Asserts that the plain key is equal exactly where the extent is, pair by
+    pair; returns how many pairs of distinct objects are one."""
+    ties = 0
+    for a in tensors:
+        for b in tensors:
+            same_extent = storage_key(a, extent=True) == storage_key(b, extent=True)
+            assert (storage_key(a) == storage_key(b)) is same_extent, (a, b)
+            ties += same_extent and a is not b
+    return ties
+
+
+def test_the_plain_key_is_equal_exactly_where_the_extent_is():
+    zero3 = nn.Parameter(torch.empty(0))
+    zero3.ds_id = 3
+    tensors = [
+        *(
+            view(memory)
+            for memory in (torch.arange(12.0), torch.zeros(0))
+            for view in _VIEWS.values()
+        ),
+        torch.arange(12.0, device="meta"),
+        zero3,
+        "not a tensor",
+    ]
+    # "same" and "view" of the 12 elements, both ways; no zero-size pair.
+    assert _assert_keys_agree(tensors) == 2
+
+
+@st.composite
+def _module_trees(draw: st.DrawFn) -> nn.Module:
+    """Modules of parameters and buffers (persistent or not, or ``None``) over one
+    memory and a zero-size tensor, as views of several shapes, offsets and dtypes or
+    the very same objects again, and children registered once or under several
+    names."""
+    memory = [torch.arange(12.0), torch.zeros(0)]
+    tensors: list[torch.Tensor] = []
+    modules: list[nn.Module] = []
+    for _ in range(draw(st.integers(1, 4))):
+        module = nn.Module()
+        for j in range(draw(st.integers(1, 6))):
+            kind = draw(st.sampled_from(["parameter", "buffer", "again", "child", "none"]))
+            if kind == "again" and tensors:
+                again = draw(st.sampled_from(tensors))
+                if isinstance(again, nn.Parameter):
+                    module.register_parameter(f"p{j}", again)
+                else:
+                    module.register_buffer(f"b{j}", again, persistent=draw(st.booleans()))
+            elif kind == "child" and modules:
+                module.register_module(f"c{j}", draw(st.sampled_from(modules)))
+            elif kind == "none":
+                register = draw(st.sampled_from(["parameter", "buffer", "module"]))
+                getattr(module, f"register_{register}")(f"n{j}", None)
+            elif kind in ("parameter", "buffer"):
+                tensor = _VIEWS[draw(st.sampled_from(list(_VIEWS)))](draw(st.sampled_from(memory)))
+                if kind == "parameter":
+                    tensor = nn.Parameter(tensor, requires_grad=False)
+                    module.register_parameter(f"p{j}", tensor)
+                else:
+                    module.register_buffer(f"b{j}", tensor, persistent=draw(st.booleans()))
+                tensors.append(tensor)
+        if draw(st.integers(0, 9)) == 0:  # now and then, one only `state_dict()` can answer
+            module.register_state_dict_post_hook(lambda m, sd, prefix, meta: None)
+        modules.append(module)
+    return modules[-1]
+
+
+@given(_module_trees())
+def test_the_walk_is_state_dict_on_any_module_tree(module):
+    _assert_walk_is_state_dict(module)
+    _assert_keys_agree(list(state_dict_of(module).values()))

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from jaxshare import checkpoint as jc
 
@@ -47,6 +48,7 @@ CHILD = textwrap.dedent(
 TIMEOUT_S = 120
 
 
+@pytest.mark.subprocess
 def test_sigkill_mid_save_keeps_the_previous_step(tmp_path: Path) -> None:
     log = tmp_path / "child.log"
     with open(log, "wb") as out:

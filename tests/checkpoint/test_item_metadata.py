@@ -136,6 +136,7 @@ def test_a_missing_array_names_it(tmp_path: Path) -> None:
         open_item(find_item(path))
 
 
+@pytest.mark.subprocess
 def test_reading_an_item_imports_neither_orbax_nor_jax(tmp_path: Path) -> None:
     jc.save(tmp_path / "ckpt", {"embed": np.ones((4, 2), np.float32), "b": np.zeros((0,))})
     code = (

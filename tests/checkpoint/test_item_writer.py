@@ -169,6 +169,7 @@ def test_a_plan_of_zero_size_arrays_only_is_refused(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_writing_an_item_imports_neither_orbax_nor_jax(tmp_path: Path) -> None:
     from safetensors.numpy import save_file
 

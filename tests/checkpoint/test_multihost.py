@@ -29,6 +29,7 @@ def results(run_processes, workdir: Path) -> list[dict]:
     return results
 
 
+@pytest.mark.subprocess
 def test_two_processes_save_and_restore_ties_sharded(results: list[dict]) -> None:
     for process, by_scenario in enumerate(results):
         result = by_scenario["roundtrip"]
@@ -44,6 +45,7 @@ def test_two_processes_save_and_restore_ties_sharded(results: list[dict]) -> Non
         assert result["manager_tie_is_identity"] is True, process
 
 
+@pytest.mark.subprocess
 def test_processes_that_find_different_ties_fail_together(
     results: list[dict], workdir: Path
 ) -> None:

@@ -424,6 +424,7 @@ def test_public_names() -> None:
     assert sorted(jc.__all__) == sorted(
         [
             "CheckpointSource",
+            "READER",
             "SharedCheckpointHandler",
             "SharedRestore",
             "SharedSave",

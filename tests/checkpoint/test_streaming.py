@@ -714,6 +714,7 @@ def test_read_ahead_stops_when_closed() -> None:
 # --- several processes -----------------------------------------------------------
 
 
+@pytest.mark.subprocess
 def test_two_processes_write_one_item_read_by_the_primary_only(
     run_processes: Any, tmp_path: Path
 ) -> None:

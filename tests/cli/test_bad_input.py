@@ -449,6 +449,7 @@ def test_a_failed_write_removes_the_parents_it_created(tmp_path, capsys, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+@pytest.mark.subprocess
 def test_a_full_disk_leaves_the_previous_output_intact(tmp_path, capsys):
     """A 2 MiB tmpfs fills up mid-write; the previous output and no temp file remain."""
     mount = tmp_path / "small"
@@ -509,6 +510,7 @@ def test_an_injected_full_disk_leaves_the_previous_output_intact(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.subprocess
 def test_a_read_only_destination_is_one_line(tmp_path, capsys):
     src = write_safetensors(tmp_path / "m.safetensors")
     mount = tmp_path / "ro"

@@ -109,6 +109,7 @@ def big(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "dst_name, extra", [("out.safetensors", ["--names", "torch"]), ("ckpt", [])]
 )

@@ -9,6 +9,7 @@ import pytest
 from jaxshare.cli import main
 
 
+@pytest.mark.subprocess
 def test_console_script_entry_point():
     out = subprocess.run(
         [sys.executable, "-m", "jaxshare.cli", "--help"], capture_output=True, text=True, check=True
@@ -22,11 +23,11 @@ def test_console_script_entry_point():
     [
         (
             ["inspect", "{tmp}/notes.txt"],
-            "expected an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP",
+            "expected an Orbax checkpoint, a PyTorch DCP directory, a DeepSpeed directory",
         ),
         (  # A directory of no kind: the same one line.
             ["inspect", "{tmp}/empty"],
-            "expected an Orbax checkpoint, a Hugging Face, DeepSpeed or PyTorch DCP",
+            "expected an Orbax checkpoint, a PyTorch DCP directory, a DeepSpeed directory",
         ),
         (["convert", "{tmp}", "{tmp}/out.npz"], "pass --format to say which"),
         (

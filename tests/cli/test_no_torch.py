@@ -36,6 +36,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.subprocess
 def test_help_needs_neither_torch_nor_jax():
     helped = subprocess.run(
         [
@@ -54,8 +55,11 @@ def test_help_needs_neither_torch_nor_jax():
     assert "jax imported: False" in helped.stdout
 
 
-@pytest.mark.parametrize("kind", ["safetensors", "orbax"])
-def test_inspect_runs_without_torch(tmp_path, kind):
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("kind", "stored"), [("safetensors", 2), ("orbax", 1)])
+def test_inspect_runs_without_torch(tmp_path, kind, stored):
+    """Two arrays either way: the file's two distinct tensors, both stored; the item's
+    two leaves, one array object, so ``save`` stored it once (the tie)."""
     emb = np.arange(12, dtype=np.float32).reshape(3, 4)
     if kind == "safetensors":
         path = tmp_path / "model.safetensors"
@@ -65,12 +69,21 @@ def test_inspect_runs_without_torch(tmp_path, kind):
         checkpoint.save(path, {"wte": emb, "head": emb})
     done = _run("inspect", str(path))
     assert done.returncode == 0, done.stderr
-    assert "2 arrays" in done.stdout or "3 arrays" in done.stdout
+    heading = done.stdout.splitlines()[0]
+    assert heading == f"{path} ({kind}): 2 arrays, {stored} stored", done.stdout
 
 
 TORCH_FREE = sorted(
     {"FORMATS", "NAMES", "DEFAULT_LAYERS", "DEFAULT_LAYER_NAMES", "DEFAULT_RULES", "Rule", "Rules"}
-    | {"FlaxPlan", "TorchPlan", "HFDirectory", "convert", "inspect", "open_source", "save_hf"}
+    | {
+        "FlaxPlacement",
+        "TorchNaming",
+        "HFDirectory",
+        "convert",
+        "inspect",
+        "open_source",
+        "save_hf",
+    }
     | {"flax_alias_map", "flax_plan", "to_flax", "torch_alias_map", "torch_plan"}
     | {"LAYOUTS", "Layout", "detect_layout"}
     | {"VerifyFinding", "VerifyReport", "verify"}
@@ -79,6 +92,7 @@ TORCH_FREE = sorted(
 )
 
 
+@pytest.mark.subprocess
 def test_import_bridge_and_every_torch_free_name_need_no_torch():
     """The bridge imports without torch; each torch-free name imports too, and each name that
     hands out torch tensors says in one line which extra installs torch."""
@@ -107,6 +121,7 @@ def test_import_bridge_and_every_torch_free_name_need_no_torch():
         ), name
 
 
+@pytest.mark.subprocess
 def test_an_orbax_item_in_torch_names_needs_no_torch(tmp_path):
     """Naming an Orbax item's arrays in PyTorch reads metadata only."""
     emb = np.arange(40, dtype=np.float32).reshape(10, 4)
@@ -125,6 +140,7 @@ def test_an_orbax_item_in_torch_names_needs_no_torch(tmp_path):
     np.testing.assert_array_equal(written["fc.weight"], kernel.T)
 
 
+@pytest.mark.subprocess
 def test_a_safetensors_file_in_torch_names_converts_to_orbax_without_torch(tmp_path):
     path = tmp_path / "model.safetensors"
     emb = np.arange(40, dtype=np.float32).reshape(10, 4)
@@ -136,6 +152,7 @@ def test_a_safetensors_file_in_torch_names_converts_to_orbax_without_torch(tmp_p
     assert flat["params/fc/kernel"].shape == (4, 3)
 
 
+@pytest.mark.subprocess
 def test_a_hugging_face_safetensors_directory_converts_to_orbax_without_torch(tmp_path):
     """The config's tie (the head ``save_pretrained`` left out) comes from jaxshare's table,
     since transformers cannot build the model class without torch."""
@@ -158,6 +175,7 @@ def test_a_hugging_face_safetensors_directory_converts_to_orbax_without_torch(tm
     np.testing.assert_array_equal(restored["params"]["lm_head"]["kernel"], emb.T)
 
 
+@pytest.mark.subprocess
 def test_a_pytorch_file_is_read_without_torch_and_a_pytorch_output_says_it_needs_torch(tmp_path):
     import torch
 
@@ -177,6 +195,7 @@ def test_a_pytorch_file_is_read_without_torch_and_a_pytorch_output_says_it_needs
     assert not (tmp_path / "o.pt").exists()
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("command", ["convert", "inspect"])
 def test_a_deepspeed_folder_needs_neither_torch_nor_jax(repo_root, tmp_path, command):
     """Inspecting a DeepSpeed folder, or converting it to safetensors, needs no torch and

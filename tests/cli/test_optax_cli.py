@@ -14,6 +14,7 @@ import torch
 import transformers
 
 import bridge
+from bridge.training.optax_state import moments_of
 from jaxshare.checkpoint import SharedRestore
 from jaxshare.cli import main
 
@@ -79,7 +80,7 @@ def test_convert_writes_a_step_a_flax_loop_resumes_and_the_way_back(run, tmp_pat
                 opt_state=ocp.args.StandardRestore(jax.eval_shape(tx.init, params))
             ),
         )
-    adam = bridge.training.optax.moments_of(restored.opt_state, "adam")
+    adam = moments_of(restored.opt_state, "adam")
     kernel = "params/transformer/h/0/mlp/c_proj/kernel"  # a GPT-2 Conv1D: (in, out) already
     want = opt.state[model.transformer.h[0].mlp.c_proj.weight]["exp_avg"].numpy()
     assert np.array_equal(np.asarray(adam["mu"][kernel]), want)

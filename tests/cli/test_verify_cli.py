@@ -155,6 +155,7 @@ def test_bad_input_is_one_line(model, tmp_path, capsys, argv, status, message):
     assert tree_hash(tmp_path) == before
 
 
+@pytest.mark.subprocess
 def test_verify_needs_neither_torch_nor_jax_for_files(model, tmp_path):
     """Two files and a manifest are compared with numpy alone."""
     import subprocess

@@ -19,6 +19,7 @@ PACKAGES = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("package", PACKAGES)
 def test_the_face_lists_each_name_with_its_home(api_surface, package):
     face = api_surface(package)
@@ -30,11 +31,13 @@ def test_the_face_lists_each_name_with_its_home(api_surface, package):
     assert set(face["after"]) == set(face["all"]) - dunders  # ...and those are all there is.
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("package", [p for p in PACKAGES if p != "jaxshare.checkpoint"])
 def test_importing_a_face_imports_no_framework(api_surface, package):
     assert api_surface(package)["frameworks_at_import"] == []
 
 
+@pytest.mark.subprocess
 def test_the_checkpoints_import_orbax_only_when_a_name_is_used(api_surface):
     assert "orbax" not in api_surface("jaxshare.checkpoint")["frameworks_at_import"]
 

@@ -326,6 +326,7 @@ def run_page(path: Path, cwd: Path, bin_dir: Path, demo: Any = None) -> Page:
     return page
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_block_of_the_page_runs_and_shows_what_it_prints(path, tmp_path, bin_dir, request):
     (tmp_path / "cwd").mkdir()
@@ -408,6 +409,7 @@ BAD_PAGES = {
 }
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("case", sorted(BAD_PAGES))
 def test_a_page_that_does_not_hold_fails(case, tmp_path, bin_dir):
     page = tmp_path / "page.md"
@@ -417,6 +419,7 @@ def test_a_page_that_does_not_hold_fails(case, tmp_path, bin_dir):
         run_page(page, tmp_path / "cwd", bin_dir)
 
 
+@pytest.mark.subprocess
 def test_a_page_that_holds_passes(tmp_path, bin_dir):
     page = tmp_path / "page.md"
     page.write_text(

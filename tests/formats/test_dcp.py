@@ -1,4 +1,5 @@
-"""PyTorch Distributed Checkpoint folders read with numpy only: ``jaxshare.formats.dcp.reader``.
+"""PyTorch Distributed Checkpoint folders read with numpy only: ``jaxshare.formats.dcp.reader``
+and ``jaxshare.formats.dcp.metadata``.
 
 The fixtures (``tests/data/dcp``, built by ``make_fixtures.py`` with the real
 ``torch.distributed.checkpoint.save``) are a one-process tied model (``flat``) and an
@@ -41,7 +42,8 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from jaxshare import AliasMap
-from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder, read_dcp_metadata
+from jaxshare.formats.dcp.metadata import read_dcp_metadata
+from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcp"
 FIXTURES = ["flat", "sharded"]
@@ -579,6 +581,7 @@ print(json.dumps({"items": out, "jax": "jax" in sys.modules}))
 """
 
 
+@pytest.mark.subprocess
 def test_the_reader_needs_neither_torch_nor_jax():
     paths = [str(DATA / name) for name in FIXTURES]
     done = subprocess.run(

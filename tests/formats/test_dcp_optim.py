@@ -59,6 +59,7 @@ def _bits(a) -> bytes:
     return np.ascontiguousarray(a).tobytes()
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("key", ["optim", "optimizer"])
 def test_the_moments_equal_the_full_state_dict_bit_for_bit(run, key):
     want = torch.load(run / "full.pt", weights_only=True)
@@ -96,12 +97,14 @@ def test_the_moments_equal_the_full_state_dict_bit_for_bit(run, key):
     assert [g.hyper["weight_decay"] for g in state.groups] == [0.1, 0.0]
 
 
+@pytest.mark.subprocess
 def test_the_state_is_sharded_and_read_from_both_ranks(run):
     with DCPFolder(run / "optim", part="optim") as optim:
         files = {file for _, _, file in optim.chunks("state.emb.weight.exp_avg")}
     assert files == {"__0_0.distcp", "__1_0.distcp"}
 
 
+@pytest.mark.subprocess
 def test_dcp_records_no_tie_and_the_tied_name_is_noted(run):
     params, state = read_dcp_training(run / "optim")
     assert dict(params.ties) == {}  # DCP records none; none is invented
@@ -112,6 +115,7 @@ def test_dcp_records_no_tie_and_the_tied_name_is_noted(run):
     np.testing.assert_array_equal(params.array("out.weight"), params.array("emb.weight"))
 
 
+@pytest.mark.subprocess
 def test_the_full_state_dict_file_reads_the_same(run):
     params, state = read_torch_training(run / "full.pt")  # "optim", keyed by names
     _, dcp_state = read_dcp_training(run / "optim")
@@ -170,6 +174,7 @@ def test_a_plain_optimizer_state_dict_saved_by_dcp_is_matched_by_index(tmp_path,
                 assert _bits(state.slots[slot].array(name)) == _bits(tensor), (slot, name)
 
 
+@pytest.mark.subprocess
 def test_to_optax_keeps_the_tie_dcp_does_not_record_once_it_is_declared(run):
     """DCP keeps both names of the tied Parameter (``out.weight`` = ``emb.weight``) and
     records no tie: untied, one would train and the other freeze, so ``to_optax``

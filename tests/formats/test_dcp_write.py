@@ -42,8 +42,9 @@ from jaxshare.formats import (
     write_safetensors,
 )
 from jaxshare.formats.dcp import writer as _dcp_write
-from jaxshare.formats.dcp.reader import METADATA_FILE as DCP_METADATA_FILE
+from jaxshare.formats.dcp.metadata import METADATA_FILE as DCP_METADATA_FILE
 from jaxshare.formats.dcp.writer import DCP_DATA_FILE, holds_only_dcp, write_dcp
+from jaxshare.formats.torch_save import zip as _torch_zip
 from jaxshare.stream import ArrayInfo, Plan, PlanEntry, TensorSource
 
 #: dcp.load warns that it assumes one process when no process group is initialized.
@@ -219,12 +220,12 @@ def _fqns(folder: Path) -> dict:
         dtype = str(md.properties.dtype).removeprefix("torch.")
         out[index.fqn] = (
             ArrayInfo(tuple(md.size), dtype),
-            _dcp_write._Record(info.offset, info.length),
+            _torch_zip.Record(info.offset, info.length),
         )
     return out
 
 
-def test_every_record_is_a_valid_aligned_torch_save_archive(model, written):
+def test_every_record_is_a_valid_aligned_torch_save_archive(model, written, tmp_path):
     data = (written / DCP_DATA_FILE).read_bytes()
     state = model.state_dict()
     for fqn, (_, offset, length) in _records(written).items():
@@ -239,6 +240,9 @@ def test_every_record_is_a_valid_aligned_torch_save_archive(model, written):
             assert z.read("archive/byteorder") == b"little"
         got = torch.load(io.BytesIO(record), weights_only=True)
         assert _bits(got) == _bits(state[fqn]) and got.stride() == state[fqn].stride(), fqn
+        (tmp_path / "record.pt").write_bytes(record)  # Its storage a view of the file:
+        mapped = torch.load(tmp_path / "record.pt", weights_only=True, mmap=True)
+        assert _bits(mapped) == _bits(state[fqn]), fqn
 
 
 def test_a_permuted_tie_is_written_out_as_its_own_record(tmp_path):
@@ -270,7 +274,7 @@ def test_the_naming_record_stands_beside_the_alias_map(tmp_path):
 
 def test_zip64_records_load_too(tmp_path, monkeypatch):
     """Records past 4 GiB take zip64 fields; forced here on small ones."""
-    monkeypatch.setattr(_dcp_write, "_ZIP64_AT", 0)
+    monkeypatch.setattr(_torch_zip, "_ZIP64_AT", 0)
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "e": np.zeros(0, np.int8)}
     source = Arrays(arrays)
     out = write_dcp(tmp_path / "out", Plan.identity(source), source)
@@ -290,6 +294,7 @@ def test_big_endian_arrays_are_stored_little_endian(tmp_path):
     assert np.array_equal(_load(out, {"x": torch.zeros(5, dtype=torch.int32)})["x"].numpy(), want)
 
 
+@pytest.mark.subprocess
 def test_written_without_torch(tmp_path):
     arrays = {"wte.weight": np.arange(8, dtype=np.float32).reshape(4, 2)}
     path = tmp_path / "m.safetensors"
@@ -371,6 +376,7 @@ def test_plans_that_dcp_cannot_hold_are_refused_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.subprocess
 def test_fsdp2_on_two_gloo_ranks_loads_it(model, written, run_processes):
     reference = written.parent / "reference.pt"
     torch.save(model.state_dict(), reference)

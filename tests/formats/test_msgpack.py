@@ -259,6 +259,7 @@ def test_a_source_like_the_others(tmp_path):
         f.array("a/kernel")
 
 
+@pytest.mark.subprocess
 def test_reading_imports_no_framework(tmp_path):
     path = _write(tmp_path / "m.msgpack", {"w": np.ones(3, ml_dtypes.bfloat16)})
     code = (

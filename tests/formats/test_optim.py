@@ -417,6 +417,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.subprocess
 def test_the_reader_needs_neither_torch_nor_jax(tmp_path):
     _, _, path = _run(tmp_path, "adamw")
     done = subprocess.run(

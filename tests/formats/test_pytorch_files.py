@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxshare.formats import TorchFile, open_weights_file, unpickle_torch_file
-from jaxshare.formats.deepspeed.checkpoint import (
+from jaxshare.formats.deepspeed.files import (
     STAND_INS,
     FragmentAddress,
     LossScalerState,
@@ -51,11 +51,15 @@ DTYPES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+#: Every dtype in every format, but a legacy file of the new dtypes: torch writes one,
+#: yet ``torch.load`` itself cannot read it back, so there is nothing to compare with.
+DTYPE_CASES = [(d, f) for d in DTYPES for f in FORMATS if not (f == "legacy" and d in NEW_DTYPES)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fmt"), DTYPE_CASES, ids=[f"{d}-{f}".removeprefix("torch.") for d, f in DTYPE_CASES]
+)
 def test_every_dtype_reads_as_torch_load_reads_it(tmp_path, fmt, dtype):
-    if fmt == "legacy" and dtype in NEW_DTYPES:
-        pytest.skip("torch.load itself cannot read these dtypes from a legacy file")
     values = torch.arange(-6, 6).reshape(3, 4).to(dtype)
     state = {"w": values, "t": values.t(), "row": values[1], "p": torch.nn.Parameter(
         torch.arange(4.0), requires_grad=False)}  # fmt: skip

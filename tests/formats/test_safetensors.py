@@ -192,6 +192,7 @@ def test_a_broken_header_is_refused_in_one_line_naming_the_file(tmp_path, conten
     assert not is_safetensors_file(path)
 
 
+@pytest.mark.subprocess
 def test_the_format_layer_imports_no_framework():
     code = (
         "import sys, jaxshare.formats; "

@@ -104,6 +104,7 @@ with _buffers.pooled():
 """
 
 
+@pytest.mark.subprocess
 def test_an_array_freed_by_the_collector_inside_the_pool_never_hangs() -> None:
     done = subprocess.run(
         [sys.executable, "-c", COLLECTED_INSIDE],

@@ -158,6 +158,7 @@ print(len(_mapped._MAPS))
 """
 
 
+@pytest.mark.subprocess
 def test_a_map_freed_by_the_collector_inside_the_registry_never_hangs(data):
     done = subprocess.run(
         [sys.executable, "-c", COLLECTED_INSIDE, str(data)],

@@ -1,92 +1,63 @@
 """PyTorch Distributed Checkpoint (DCP) folders, read with numpy only and never running pickle code.
 
-``torch.distributed.checkpoint.save`` writes a folder: ``.metadata``, a pickle of
-DCP's ``Metadata``, and one or more ``__{rank}_{i}.distcp`` files per rank. The
-state dict is flattened first, nested keys joined by dots (``{"model":
-{"wte.weight": t}}`` -> ``model.wte.weight``, list items by index:
-``optimizer.param_groups.0.lr``), and each flattened item is either
+A DCP folder is ``.metadata`` (:mod:`jaxshare.formats.dcp.metadata`: each item's
+chunks and the records that hold them) and one or more ``__{rank}_{i}.distcp``
+files per rank, holding the records. torch 2.x writes every record as a
+``torch.save`` zip archive of its own (the chunk as a contiguous tensor); a
+record exactly ``prod(sizes) * itemsize`` long is read as the chunk's raw bytes,
+in C order. Records written through a stream transform (DCP's experimental
+``_extensions``, e.g. ``stream.zstd/1``) are refused.
 
-- a tensor (``TensorStorageMetadata``: global shape, dtype and chunks, each chunk
-  the ``offsets`` and ``sizes`` of the box one rank stored -- a DTensor
-  ``Shard``, an FSDP2 ``fully_shard`` shard, uneven last chunks and empty ones
-  included; a ``Replicate`` or plain tensor is stored once), or
-- another object (``BytesStorageMetadata``: an int, a list, a dataloader's
-  state), pickled by ``torch.save``.
-
-``storage_data`` maps each chunk (fqn, offsets) and each object (fqn) to a record
-``(file, offset, length)`` in a ``.distcp`` file. torch 2.x writes every record
-as a ``torch.save`` zip archive of its own (the chunk as a contiguous tensor);
-a record exactly ``prod(sizes) * itemsize`` long is read as the chunk's raw
-bytes, in C order. Records written through a stream transform (DCP's
-experimental ``_extensions``, e.g. ``stream.zstd/1``) are refused.
-
-``.metadata`` is unpickled by an unpickler of this module that allows exactly
-DCP's metadata classes (as inert stand-ins, converted into the frozen
-dataclasses below), ``torch.Size``, dtype and layout names, the memory-format
-enum, ``pathlib`` paths (the checkpoint id) and ``OrderedDict``: any other
-global is refused in one line naming it, so a hostile file's payload never
-runs. Tensor records are read by the restricted unpickler of PyTorch files
-(:mod:`jaxshare.formats.pytorch`) as numpy views of the mapped ``.distcp``
-file: no copy until chunks are assembled, and a slice reads only the chunks
-it overlaps. torch is never imported.
+Tensor records are read by the restricted unpickler of the ``torch.save`` core
+(:mod:`jaxshare.formats.torch_save.unpickle`) as numpy views of the mapped
+``.distcp`` file: no copy until chunks are assembled, and a slice reads only the
+chunks it overlaps. torch is never imported.
 
 Everything is checked when a folder is opened, each problem one ``ValueError``
-line naming the file: the metadata's types, every tensor's chunks tiling its
-shape exactly (the first gap or overlap named), every record's file present,
-inside the folder and long enough (a truncated file names the bytes expected
-and found). A record is checked against its chunk (shape, dtype, length) when
-it is read.
+line naming the file: the metadata (see :func:`read_dcp_metadata`), every
+record's file present, inside the folder and long enough (a truncated file
+names the bytes expected and found), no two records on the same bytes. A record
+is checked against its chunk (shape, dtype, length) when it is read.
 """
 
 from __future__ import annotations
 
-import bisect
-import collections
-import io
 import math
 import os
-import pathlib
 import pickle
 import re
 import threading
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import itemsize, numpy_dtype
 from jaxshare.core.naming import NamingRecord
-from jaxshare.core.report import ArrayInfo, format_bytes
-from jaxshare.formats.item_files import ALIAS_MAP_FILE, DCP_METADATA_FILE, NAMING_FILE
-from jaxshare.formats.pytorch import _DTYPES, _Zip
+from jaxshare.core.report import format_bytes
+from jaxshare.formats.dcp.metadata import (
+    MAX_METADATA_BYTES,
+    METADATA_FILE,
+    DCPChunk,
+    DCPRecord,
+    DCPTensor,
+    read_dcp_metadata,
+)
+from jaxshare.formats.dcp.tiling import overlapping_spans
+from jaxshare.formats.item_files import ALIAS_MAP_FILE, NAMING_FILE
+from jaxshare.formats.torch_save.unpickle import unpickle_zip
+from jaxshare.formats.torch_save.zip import TorchZip
 from jaxshare.io.mapped import FileRange, map_file, scattered_reads
 from jaxshare.io.source import Index, TensorSource
 
-__all__ = [
-    "AUTO",
-    "DISTCP_SUFFIX",
-    "MAX_METADATA_BYTES",
-    "METADATA_FILE",
-    "TRAINING_STATE_KEYS",
-    "DCPChunk",
-    "DCPFolder",
-    "DCPMetadata",
-    "DCPRecord",
-    "DCPTensor",
-    "is_dcp_folder",
-    "read_dcp_metadata",
-]
+__all__ = ["AUTO", "DISTCP_SUFFIX", "TRAINING_STATE_KEYS", "DCPFolder", "is_dcp_folder"]
 
-#: The metadata file of a DCP folder.
-METADATA_FILE = DCP_METADATA_FILE
 #: The suffix of DCP's data files (``__{rank}_{i}.distcp``).
 DISTCP_SUFFIX = ".distcp"
-#: The largest ``.metadata`` read unless ``max_bytes=`` says more.
-MAX_METADATA_BYTES = 1 << 30
 #: What a record's file may be called: a name inside the folder (no separators, no
 #: control characters).
 _FILE_NAME = re.compile(r"[^/\\\x00-\x1f\x7f]+")
@@ -109,492 +80,6 @@ TRAINING_STATE_KEYS = frozenset(
 _MODEL = "model"
 
 
-# -- what the metadata says ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DCPRecord:
-    """Where DCP stored one chunk or object: ``length`` bytes at ``offset`` of
-    ``file`` (a name in the folder), written through ``transforms`` (none, as
-    ``FileSystemWriter`` writes by default)."""
-
-    file: str
-    offset: int
-    length: int
-    transforms: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DCPChunk:
-    """One stored box of a tensor: ``sizes`` elements from ``offsets`` of the
-    global tensor, and the record that holds them."""
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    record: DCPRecord
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.sizes)
-
-    def index(self) -> Index:
-        """The box as an index into the global tensor."""
-        return tuple(slice(o, o + n) for o, n in zip(self.offsets, self.sizes, strict=True))
-
-
-@dataclass(frozen=True)
-class DCPTensor:
-    """A tensor item: global ``shape``, numpy ``dtype`` name, its chunks."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    chunks: tuple[DCPChunk, ...]
-
-    @property
-    def info(self) -> ArrayInfo:
-        return ArrayInfo(self.shape, self.dtype)
-
-
-@dataclass(frozen=True)
-class DCPMetadata:
-    """A DCP folder's ``.metadata``, checked.
-
-    Attributes:
-      path: the ``.metadata`` file.
-      tensors: ``{fqn: DCPTensor}``, in the saved state dict's order.
-      objects: ``{fqn: DCPRecord}`` of the items that are not tensors.
-      keys: ``{fqn: path}``: the key path of each item in the nested state dict
-        DCP flattened (``("model", "wte.weight")``; ``(fqn,)`` where the
-        metadata records none).
-      version: DCP's metadata version (``"1.0.0"`` for torch 2.4+, ``None`` before).
-    """
-
-    path: Path
-    tensors: Mapping[str, DCPTensor]
-    objects: Mapping[str, DCPRecord]
-    keys: Mapping[str, tuple[str | int, ...]]
-    version: str | None
-
-    @property
-    def top_level(self) -> tuple[str, ...]:
-        """The top-level keys of the saved state dict, in order."""
-        return tuple(dict.fromkeys(str(path[0]) for path in self.keys.values()))
-
-
-# -- the restricted unpickler ----------------------------------------------------------
-
-
-class _Refused(pickle.UnpicklingError):
-    """What the metadata unpickler refuses to build (as opposed to a damaged pickle)."""
-
-
-class _Pickled:
-    """An inert stand-in for one of DCP's metadata classes: pickle builds it with
-    no arguments and hands it its state, which it keeps and nothing more."""
-
-    __slots__ = ("state",)
-    kind = ""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Pickled:
-        if args or kwargs:
-            raise _Refused(f"it calls {cls.kind} with arguments")
-        return super().__new__(cls)
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-def _stand_in(kind: str) -> type[_Pickled]:
-    return type(kind, (_Pickled,), {"__slots__": (), "kind": kind})
-
-
-METADATA_MODULE = "torch.distributed.checkpoint.metadata"
-_SHARD_METADATA = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.0-2.1
-_KINDS = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-          "TensorProperties", "MetadataIndex", "StorageMeta", "_StorageInfo")  # fmt: skip
-_STAND_INS = {kind: _stand_in(kind) for kind in _KINDS}
-#: Fully-qualified class names (as torch 2.x pickles them) -> stand-in.
-_CLASSES: dict[str, type[_Pickled]] = {
-    **{f"{METADATA_MODULE}.{k}": _STAND_INS[k] for k in _KINDS if k != "_StorageInfo"},
-    f"{_SHARD_METADATA}.TensorProperties": _STAND_INS["TensorProperties"],
-    "torch.distributed.checkpoint.filesystem._StorageInfo": _STAND_INS["_StorageInfo"],
-}
-
-
-def _size(*args: Any) -> tuple[int, ...]:
-    if len(args) > 1:
-        raise pickle.UnpicklingError("torch.Size called with more than one argument")
-    value = args[0] if args else ()
-    if not isinstance(value, tuple | list) or not all(type(n) is int and n >= 0 for n in value):
-        raise pickle.UnpicklingError(f"torch.Size of {value!r:.60}")
-    return tuple(value)
-
-
-def _layout(name: Any) -> str:
-    if not isinstance(name, str):
-        raise pickle.UnpicklingError(f"a tensor layout named {name!r:.60}")
-    return name
-
-
-def _memory_format(value: Any) -> int:
-    if type(value) is not int or value not in (0, 1, 2):
-        raise pickle.UnpicklingError(f"a memory format encoding {value!r:.60}")
-    return value
-
-
-def _path(*parts: Any) -> str:
-    if not all(isinstance(p, str) for p in parts):
-        raise pickle.UnpicklingError("a path of anything but strings")
-    return str(pathlib.PurePath(*parts)) if parts else "."
-
-
-#: Callables a ``.metadata`` may name, beside the classes above.
-_CALLABLES: dict[str, Callable[..., Any]] = {
-    "torch.Size": _size,
-    "torch.serialization._get_layout": _layout,
-    f"{METADATA_MODULE}._MEM_FORMAT_ENCODING": _memory_format,
-    f"{_SHARD_METADATA}.MEM_FORMAT_ENCODING": _memory_format,
-    "collections.OrderedDict": collections.OrderedDict,
-    **{
-        f"{module}.{name}": _path
-        for module in ("pathlib", "pathlib._local")
-        for name in (
-            "Path",
-            "PosixPath",
-            "WindowsPath",
-            "PurePath",
-            "PurePosixPath",
-            "PureWindowsPath",
-        )  # fmt: skip
-    },
-}
-
-
-def _fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A new function object per use, so what a pickle does to it (``BUILD``
-    sets attributes) stays with that one load."""
-    return lambda *args: fn(*args)
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a ``.metadata`` with the allowlist above; refuses every other
-    global, persistent ids and extension codes."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        fq = f"{module}.{name}"
-        stand_in = _CLASSES.get(fq)
-        if stand_in is not None:
-            return stand_in
-        call = _CALLABLES.get(fq)
-        if call is not None:
-            return _fresh(call)
-        if module == "torch" and name in _DTYPES:
-            return fq
-        raise _Refused(f"it names {fq}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise _Refused("it holds a persistent id")
-
-
-def read_dcp_metadata(
-    path: str | os.PathLike, /, *, max_bytes: int = MAX_METADATA_BYTES
-) -> DCPMetadata:
-    """The ``.metadata`` of a DCP folder, read without torch and checked.
-
-    Args:
-      path: the folder, or its ``.metadata`` file.
-      max_bytes: the largest file read (default :data:`MAX_METADATA_BYTES`).
-
-    Raises:
-      FileNotFoundError: no such folder or ``.metadata``.
-      ValueError: one line naming the file: larger than ``max_bytes``; a pickle
-        that names anything but DCP's metadata classes (refused, never run);
-        damaged; or metadata whose chunks do not tile a tensor, with what was
-        expected and what was found.
-
-    >>> import pathlib, tempfile
-    >>> evil = pathlib.Path(tempfile.mkdtemp()) / ".metadata"
-    >>> _ = evil.write_bytes(b"\\x80\\x04cposix\\nsystem\\nX\\x02\\x00\\x00\\x00ls\\x85R.")
-    >>> read_dcp_metadata(evil)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ValueError: .../.metadata: refused: not DCP metadata: it names posix.system, ...
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / METADATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; expected a DCP folder's {METADATA_FILE}.")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise ValueError(
-            f"{path}: {format_bytes(size)}, over the {format_bytes(max_bytes)} a DCP "
-            "metadata file is read up to; pass `max_bytes=` for a trusted file."
-        )
-    try:
-        with open(path, "rb") as f:
-            raw = _MetadataUnpickler(f).load()
-    except _Refused as e:
-        raise ValueError(
-            f"{path}: refused: not DCP metadata: {e}, which DCP's metadata never holds; "
-            "unpickling it would run that code, so jaxshare reads only DCP's own metadata "
-            "classes."
-        ) from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-            AttributeError, OverflowError, MemoryError, RecursionError) as e:  # fmt: skip
-        raise ValueError(
-            f"{path}: not DCP metadata jaxshare can read ({type(e).__name__}: {e})."
-        ) from None
-    return _Converter(path).metadata(raw)
-
-
-class _Converter:
-    """The stand-ins of one ``.metadata`` into :class:`DCPMetadata`, checked."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, message: str) -> ValueError:
-        return ValueError(f"{self.path}: invalid DCP metadata: {message}.")
-
-    def fields(self, obj: Any, kind: str, where: str) -> dict[str, Any]:
-        if not isinstance(obj, _Pickled) or obj.kind != kind:
-            raise self.fail(f"{where}: expected a {kind}, found {_describe(obj)}")
-        state = getattr(obj, "state", None)
-        if state is None:
-            return {}
-        if isinstance(state, tuple) and len(state) == 2 and state[0] is None:
-            state = state[1]  # (None, slots)
-        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise self.fail(f"{where}: expected the fields of a {kind}, found {_describe(state)}")
-        return state
-
-    def metadata(self, raw: Any) -> DCPMetadata:
-        top = self.fields(raw, "Metadata", "the pickle")
-        items = top.get("state_dict_metadata")
-        if not isinstance(items, dict) or not all(isinstance(k, str) for k in items):
-            raise self.fail(
-                f"expected `state_dict_metadata` (fqn -> item), found {_describe(items)}"
-            )
-        version = top.get("version")
-        if version is not None and (not isinstance(version, str) or version.split(".")[0] != "1"):
-            raise self.fail(f"metadata version {version!r}; this jaxshare reads DCP's version 1")
-        records = self.records(top.get("storage_data"))
-        keys = self.keys(top.get("planner_data"), items)
-        tensors: dict[str, DCPTensor] = {}
-        objects: dict[str, DCPRecord] = {}
-        for fqn in keys:
-            item = items[fqn]
-            if isinstance(item, _Pickled) and item.kind == "BytesStorageMetadata":
-                record = records.get((fqn, None))
-                if record is None:
-                    raise self.fail(f"{fqn!r} has no record in `storage_data`")
-                objects[fqn] = record
-            else:
-                tensors[fqn] = self.tensor(fqn, item, records)
-        return DCPMetadata(self.path, tensors, objects, keys, version)
-
-    def records(self, storage: Any) -> dict[tuple[str, tuple[int, ...] | None], DCPRecord]:
-        if not isinstance(storage, dict):
-            raise self.fail(
-                f"expected `storage_data` (a dict of records, as FileSystemWriter writes), "
-                f"found {_describe(storage)}"
-            )
-        out: dict[tuple[str, tuple[int, ...] | None], DCPRecord] = {}
-        for key, info in storage.items():
-            index = self.fields(key, "MetadataIndex", "a `storage_data` key")
-            fqn, offset = index.get("fqn"), index.get("offset")
-            if not isinstance(fqn, str) or not (offset is None or _is_ints(offset)):
-                raise self.fail(
-                    f"a `storage_data` key of fqn {fqn!r:.60} and offset {offset!r:.60}"
-                )
-            where = f"the record of {fqn!r}"
-            f = self.fields(info, "_StorageInfo", where)
-            file, start, length = f.get("relative_path"), f.get("offset"), f.get("length")
-            transforms = f.get("transform_descriptors") or ()
-            if (
-                not isinstance(file, str)
-                or not _is_count(start)
-                or not _is_count(length)
-                or not isinstance(transforms, list | tuple)
-                or not all(isinstance(t, str) for t in transforms)
-            ):
-                raise self.fail(
-                    f"{where}: expected a file name, offset and length, found {f!r:.120}"
-                )
-            out[fqn, None if offset is None else tuple(offset)] = DCPRecord(
-                file, start, length, tuple(transforms)
-            )
-        return out
-
-    def keys(self, planner: Any, items: Mapping[str, Any]) -> dict[str, tuple[str | int, ...]]:
-        """``{fqn: key path}``, in the saved state dict's order (DCP's planner data
-        merges every rank's, in the last rank's order)."""
-        paths: dict[str, tuple[str | int, ...]] = {}
-        if isinstance(planner, dict):
-            for fqn, path in planner.items():
-                if (
-                    fqn in items
-                    and isinstance(path, tuple | list)
-                    and path
-                    and all(isinstance(k, str | int) and not isinstance(k, bool) for k in path)
-                ):
-                    paths[fqn] = tuple(path)
-        elif planner is not None:
-            raise self.fail(
-                f"expected `planner_data` (fqn -> key path), found {_describe(planner)}"
-            )
-        for fqn in items:
-            paths.setdefault(fqn, (fqn,))
-        return paths
-
-    def properties(self, props: Any, where: str) -> tuple[Any, Any]:
-        """``(dtype, layout)`` of a ``TensorProperties``: pickled as the tuple
-        ``(dtype, layout, requires_grad, memory format, pin_memory)``, or as fields."""
-        state = getattr(props, "state", None)
-        if isinstance(props, _Pickled) and isinstance(state, tuple) and len(state) == 5:
-            return state[0], state[1]
-        fields = self.fields(props, "TensorProperties", f"{where}'s properties")
-        return fields.get("dtype"), fields.get("layout")
-
-    def tensor(self, fqn: str, item: Any, records: Mapping[Any, DCPRecord]) -> DCPTensor:
-        where = f"tensor {fqn!r}"
-        f = self.fields(item, "TensorStorageMetadata", where)
-        shape, chunks = f.get("size"), f.get("chunks")
-        dtype, layout = self.properties(f.get("properties"), where)
-        name = dtype.removeprefix("torch.") if isinstance(dtype, str) else None
-        if name not in _DTYPES:
-            known = ", ".join(f"torch.{d}" for d in sorted(set(_DTYPES.values())))
-            raise self.fail(f"{where} has dtype {dtype!r}; expected one of {known}")
-        if layout not in (None, "torch.strided"):
-            raise self.fail(f"{where} has layout {layout!r}; DCP stores strided tensors only")
-        if not _is_ints(shape) or not isinstance(chunks, list):
-            raise self.fail(f"{where}: expected a size and a list of chunks, found {f!r:.120}")
-        shape = tuple(shape)
-        out = []
-        for i, chunk in enumerate(chunks):
-            c = self.fields(chunk, "ChunkStorageMetadata", f"{where}'s chunk {i}")
-            offsets, sizes = c.get("offsets"), c.get("sizes")
-            if (
-                not _is_ints(offsets)
-                or not _is_ints(sizes)
-                or len(offsets) != len(shape)
-                or len(sizes) != len(shape)
-                or any(o + n > d for o, n, d in zip(offsets, sizes, shape, strict=True))
-            ):
-                raise self.fail(
-                    f"{where} of shape {shape}: chunk {i} at offsets {offsets} of sizes "
-                    f"{sizes} does not lie inside it"
-                )
-            record = records.get((fqn, tuple(offsets)))
-            if record is None:
-                raise self.fail(
-                    f"{where}: chunk {i} at offsets {tuple(offsets)} has no record in "
-                    "`storage_data`"
-                )
-            out.append(DCPChunk(tuple(offsets), tuple(sizes), record))
-        problem = _tiling_problem(shape, out)
-        if problem:
-            raise self.fail(f"{where} of shape {shape}: {problem}")
-        return DCPTensor(shape, _DTYPES[name], tuple(out))
-
-
-def _is_count(value: Any) -> TypeGuard[int]:
-    return type(value) is int and value >= 0
-
-
-def _is_ints(value: Any) -> TypeGuard[Sequence[int]]:
-    return isinstance(value, tuple | list) and all(_is_count(n) for n in value)
-
-
-def _describe(obj: Any) -> str:
-    if isinstance(obj, _Pickled):
-        return f"a {obj.kind}"
-    if isinstance(obj, dict):
-        return f"a dict with keys {list(obj)[:6]}"
-    return type(obj).__name__
-
-
-#: Tiling is checked on a grid of the chunks' edges; one larger than this is refused.
-_MAX_GRID_CELLS = 1 << 22
-
-
-def _tiling_problem(shape: tuple[int, ...], chunks: Sequence[DCPChunk]) -> str | None:
-    """Why ``chunks`` do not cover ``shape`` exactly once, or ``None`` if they do.
-
-    The chunks' edges cut each axis into intervals; a grid cell of those intervals
-    lies wholly inside or outside each chunk, so counting the chunks over every
-    cell finds the first element no chunk holds and the first two holds.
-    """
-    if math.prod(shape) == 0:
-        return None
-    filled = [c for c in chunks if c.numel]
-    edges = [
-        sorted(
-            {0, n, *(c.offsets[d] for c in filled), *(c.offsets[d] + c.sizes[d] for c in filled)}
-        )
-        for d, n in enumerate(shape)
-    ]
-    cells = math.prod(len(e) - 1 for e in edges)
-    if cells > _MAX_GRID_CELLS:
-        return _pairwise_problem(shape, chunks)
-    count = np.zeros([len(e) - 1 for e in edges], np.int32)
-    owner = np.full(count.shape, -1, np.int32)
-    for i, c in enumerate(chunks):
-        if not c.numel:
-            continue
-        box = tuple(
-            slice(bisect.bisect_left(e, o), bisect.bisect_left(e, o + n))
-            for e, o, n in zip(edges, c.offsets, c.sizes, strict=True)
-        )
-        twice = np.flatnonzero(count[box] > 0)
-        if twice.size:
-            cell = np.unravel_index(twice[0], count[box].shape)
-            at = tuple(e[b.start + k] for e, b, k in zip(edges, box, cell, strict=True))
-            j = int(owner[box][cell])
-            return (
-                f"chunks {j} (offsets {chunks[j].offsets}, sizes {chunks[j].sizes}) and {i} "
-                f"(offsets {c.offsets}, sizes {c.sizes}) overlap at element {at}"
-            )
-        count[box] += 1
-        owner[box] = i
-    gaps = np.flatnonzero(count == 0)
-    if gaps.size:
-        cell = np.unravel_index(gaps[0], count.shape)
-        lo = tuple(e[k] for e, k in zip(edges, cell, strict=True))
-        hi = tuple(e[k + 1] for e, k in zip(edges, cell, strict=True))
-        box_text = ", ".join(f"{a}:{b}" for a, b in zip(lo, hi, strict=True))
-        return (
-            f"no chunk holds [{box_text}] (from element {lo}); expected chunks that cover "
-            f"it exactly, found {len(chunks)}: a rank's chunk is missing"
-        )
-    return None
-
-
-def _pairwise_problem(shape: tuple[int, ...], chunks: Sequence[DCPChunk]) -> str | None:
-    """:func:`_tiling_problem` for chunks too irregular for a grid: no two overlap
-    (checked pairwise, one chunk against all the later ones at a time) and together
-    they hold as many elements as the tensor."""
-    filled = [(i, c) for i, c in enumerate(chunks) if c.numel]
-    lo = np.array([c.offsets for _, c in filled], np.int64).reshape(len(filled), len(shape))
-    hi = lo + np.array([c.sizes for _, c in filled], np.int64).reshape(lo.shape)
-    for k, (i, c) in enumerate(filled):
-        hit = np.flatnonzero(((lo[k + 1 :] < hi[k]) & (lo[k] < hi[k + 1 :])).all(axis=1))
-        if hit.size:
-            j, d = filled[k + 1 + hit[0]]
-            at = tuple(int(n) for n in np.maximum(lo[k], lo[k + 1 + hit[0]]))
-            return (
-                f"chunks {i} (offsets {c.offsets}, sizes {c.sizes}) and {j} "
-                f"(offsets {d.offsets}, sizes {d.sizes}) overlap at element {at}"
-            )
-    held, total = sum(c.numel for _, c in filled), math.prod(shape)
-    if held != total:
-        return (
-            f"expected chunks that hold its {total} elements exactly, found {len(chunks)} "
-            f"holding {held}: a rank's chunk is missing"
-        )
-    return None
-
-
 # -- the folder ------------------------------------------------------------------------
 
 
@@ -613,45 +98,15 @@ def is_dcp_folder(path: str | os.PathLike, /) -> bool:
     )
 
 
-class _FileView(io.RawIOBase):
-    """A read-only, seekable file over an array of bytes (one record of a mapped
-    file), for ``zipfile``: reads copy only what they return."""
-
-    def __init__(self, data: np.ndarray) -> None:
-        super().__init__()
-        self._view = memoryview(data)  # type: ignore[arg-type]  # (a uint8 array)
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        chunk = self._view[self._position : self._position + len(buffer)]
-        buffer[: len(chunk)] = chunk
-        self._position += len(chunk)
-        return len(chunk)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._position, len(self._view))[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def tell(self) -> int:
-        return self._position
-
-
 def _unpickle_record(data: np.ndarray) -> Any:
     """A ``torch.save`` record (a zip archive) in ``data``, unpickled by the
-    restricted unpickler of PyTorch files: tensors are views of ``data``."""
-    # (`_Zip` opens its archive with zipfile, which takes a file object as well as a
-    # path. Its directory, at the record's end, and headers are read page by page: a
-    # record read past the page cache reads its values again, and an 8 GB folder
-    # read 9.65 GB with the kernel's read-around.)
+    restricted unpickler of ``torch.save`` files: tensors are views of ``data``."""
+    # (`TorchZip` opens the record with zipfile over `data` itself. Its directory, at
+    # the record's end, and headers are read page by page: a record read past the page
+    # cache reads its values again, and an 8 GB folder read 9.65 GB with the kernel's
+    # read-around.)
     with scattered_reads(data):
-        return _Zip(_FileView(data), data).load({})  # type: ignore[arg-type]
+        return unpickle_zip(TorchZip(data), {})
 
 
 @dataclass(frozen=True)
@@ -687,7 +142,7 @@ class DCPFolder(TensorSource):
       max_metadata_bytes: as :func:`read_dcp_metadata`'s ``max_bytes``.
 
     Attributes:
-      metadata: the folder's :class:`DCPMetadata`.
+      metadata: the folder's :class:`~jaxshare.formats.dcp.metadata.DCPMetadata`.
       part: the part exposed (``None``: everything).
       top_level: the top-level keys of the saved state dict.
       other_items: names of the items of ``part`` that are not tensors (read
@@ -837,18 +292,16 @@ class DCPFolder(TensorSource):
             if record.length:
                 spans.setdefault(record.file, {}).setdefault((record.offset, record.length), fqn)
         for name, found in spans.items():
-            end, last = 0, ""
-            for (offset, length), fqn in sorted(found.items()):
-                if offset < end:
-                    raise ValueError(
-                        f"{self.folder / name}: the records of {last!r} and {fqn!r} overlap "
-                        f"(the second starts at byte {offset}, before the first ends at {end}); "
-                        "expected each record on bytes of its own"
-                        + _SAFETENSORS_HINT * self._safetensors_at(name, offset)
-                        + "."
-                    )
-                if offset + length > end:
-                    end, last = offset + length, fqn
+            overlap = overlapping_spans(found)
+            if overlap is not None:
+                last, fqn, offset, end = overlap
+                raise ValueError(
+                    f"{self.folder / name}: the records of {last!r} and {fqn!r} overlap "
+                    f"(the second starts at byte {offset}, before the first ends at {end}); "
+                    "expected each record on bytes of its own"
+                    + _SAFETENSORS_HINT * self._safetensors_at(name, offset)
+                    + "."
+                )
 
     def _check_raw_records(self) -> None:
         """A raw-looking record (``prod(sizes) * itemsize`` long) is not the
@@ -1158,7 +611,7 @@ class DCPFolder(TensorSource):
 
     def read_item(self, name: str, /) -> Any:
         """The item ``name`` that is not a tensor (:attr:`other_items`), unpickled
-        by the restricted unpickler of PyTorch files: plain Python values
+        by the restricted unpickler of ``torch.save`` files: plain Python values
         (numbers, strings, lists, dicts) and tensors as numpy arrays; an object of
         any other class is refused, never built.
 

@@ -26,8 +26,7 @@ from typing import Any
 
 from jaxshare.core.dtype import is_floating
 from jaxshare.formats.dcp.reader import DCPFolder
-from jaxshare.formats.optim import OptimizerState, Stored, optimizer_state
-from jaxshare.io.source import TensorSource
+from jaxshare.formats.optim import Stored, TrainingState, optimizer_state
 
 __all__ = ["DCP_OPTIMIZER_KEYS", "is_dcp_training_folder", "read_dcp_training"]
 
@@ -79,7 +78,7 @@ def _indices_back(optim: dict) -> None:
                           for k, v in state.items()}  # fmt: skip
 
 
-def read_dcp_training(path: str | os.PathLike, /) -> tuple[TensorSource, OptimizerState]:
+def read_dcp_training(path: str | os.PathLike, /) -> TrainingState:
     """A DCP folder of ``{"model": ..., "optim": ...}`` (from ``get_state_dict``)
     read as the model and its optimizer's state, without torch.
 
@@ -136,4 +135,4 @@ def read_dcp_training(path: str | os.PathLike, /) -> tuple[TensorSource, Optimiz
             *params.notes,
             f"in no optimizer group: {shown} (frozen, buffers, or ties DCP does not record)",
         )
-    return params, state
+    return TrainingState(params, state)

@@ -25,22 +25,19 @@ Beyond ``zero_to_fp32``: ZeRO-0 folders (which it refuses) give the stored
 parameters) is read from the module. Tensor-, pipeline- and expert-parallel
 folders are refused, as ``zero_to_fp32`` cannot consolidate them either.
 
-Files are memory-mapped and unpickled without torch by the restricted
-unpickler of PyTorch files (:func:`jaxshare.formats.unpickle_torch_file`), with
-DeepSpeed's four classes as inert stand-ins (:data:`STAND_INS`), so the
-partitions stay file pages; names, shapes, dtypes and ties come from the
-pickles alone, and each tensor is assembled only when asked for, as numpy
-arrays. Streaming a folder to a file imports neither torch nor JAX;
+Files are found by the names :mod:`jaxshare.formats.deepspeed.files` gives them,
+memory-mapped and unpickled without torch by its :func:`load_deepspeed_file` (the
+restricted unpickler of ``torch.save`` files, with DeepSpeed's four classes as
+inert stand-ins), so the partitions stay file pages; names, shapes, dtypes and
+ties come from the pickles alone, and each tensor is assembled only when asked
+for, as numpy arrays. Streaming a folder to a file imports neither torch nor JAX;
 ``bridge.DeepSpeedCheckpoint`` and ``bridge.load_deepspeed`` give torch tensors.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import os
-import pickle
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,130 +49,28 @@ from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import is_floating
 from jaxshare.core.memory import array_key, memory_ties
 from jaxshare.core.report import ArrayInfo, format_bytes
-from jaxshare.formats.pytorch import unpickle_torch_file
+from jaxshare.formats.deepspeed.files import (
+    MODEL_STATES,
+    OPTIM_STATES,
+    OPTIM_STATES_NAME,
+    ZERO3_MODEL_STATES,
+    ZERO3_MODEL_STATES_NAME,
+    load_deepspeed_file,
+    tag_folder,
+    unsupported_layout,
+)
 from jaxshare.io.mapped import FileRange, file_extent
 from jaxshare.io.source import Index, TensorSource
 from jaxshare.io.threads import parallel_map
 
-__all__ = [
-    "STAND_INS",
-    "DeepSpeedCheckpoint",
-    "FragmentAddress",
-    "LossScalerState",
-    "ZeroStage",
-    "load_deepspeed_file",
-]
-
-
-# -- DeepSpeed's classes, as inert stand-ins --------------------------------------------
-
-
-class ZeroStage(enum.IntEnum):
-    """Stand-in for ``deepspeed.runtime.zero.config.ZeroStageEnum`` (pickled as
-    ``ZeroStageEnum(stage)``; only the values 0-4 load)."""
-
-    disabled = 0
-    optimizer_states = 1
-    gradients = 2
-    weights = 3
-    max_stage = 4
-
-
-class _Inert:
-    """A stand-in that keeps the state pickle hands it and does nothing else."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if args or kwargs:  # DeepSpeed's files rebuild these from attributes only
-            raise pickle.UnpicklingError(
-                f"{type(self).__name__} is rebuilt from its attributes only; this file calls "
-                "it with arguments"
-            )
-        self.state: dict[str, Any] = {}
-
-    def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and state[0] is None:
-            state = state[1]  # (None, slots) from a class with __slots__
-        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise pickle.UnpicklingError(
-                f"{type(self).__name__} expects a dict of attributes, got {type(state).__name__}"
-            )
-        self.state = dict(state)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "state":  # not yet set: built by NEWOBJ without __init__
-            raise AttributeError(name)
-        try:
-            return self.state[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __repr__(self) -> str:
-        items = ", ".join(f"{k}={v!r}" for k, v in self.state.items())
-        return f"{type(self).__name__}({items})"
-
-
-class LossScalerState(_Inert):
-    """Stand-in for DeepSpeed's ``LossScaler`` and ``DynamicLossScaler``: their
-    attributes (``cur_scale``, ``dynamic``, ...), nothing more."""
-
-    __slots__ = ()
-
-
-class FragmentAddress(_Inert):
-    """Stand-in for ``deepspeed.utils.tensor_fragment.fragment_address``
-    (``numel``, ``start``: where a parameter's piece lies in a rank's partition)."""
-
-    __slots__ = ()
-
-
-#: DeepSpeed's fully-qualified class names (as its files spell them) -> stand-in.
-STAND_INS: dict[str, type] = {
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler": LossScalerState,
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": LossScalerState,
-    "deepspeed.runtime.zero.config.ZeroStageEnum": ZeroStage,
-    "deepspeed.utils.tensor_fragment.fragment_address": FragmentAddress,
-}
-
-
-def load_deepspeed_file(path: str | os.PathLike, /) -> Any:
-    """A DeepSpeed checkpoint file (``torch.save`` output), unpickled without torch
-    (:func:`jaxshare.formats.unpickle_torch_file`): tensors as read-only numpy
-    arrays over the mapped file, DeepSpeed's classes as the inert stand-ins in
-    :data:`STAND_INS`, anything else refused.
-
-    Raises:
-      ValueError: one line naming the file: not a PyTorch file, damaged, or
-        refused (any other class, anything that would run code), with the reason.
-
-    >>> for name in sorted(STAND_INS):  # all that is allowed beyond tensors and containers
-    ...     print(name)
-    deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler
-    deepspeed.runtime.fp16.loss_scaler.LossScaler
-    deepspeed.runtime.zero.config.ZeroStageEnum
-    deepspeed.utils.tensor_fragment.fragment_address
-    """
-    return unpickle_torch_file(
-        path,
-        classes=STAND_INS,
-        fix="if you trust this file, consolidate it with DeepSpeed's zero_to_fp32",
-    )
+__all__ = ["DeepSpeedCheckpoint", "Placement", "describe", "flat_pieces"]
 
 
 # -- the folder -----------------------------------------------------------------------
 
 
-_MODEL_STATES = "mp_rank_00_model_states.pt"
-_ZERO3_MODEL = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
-_OPTIM = re.compile(r"(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
-_TAG = re.compile(r"[^/\\\x00]+")
-#: file name prefixes of layouts zero_to_fp32 cannot consolidate either
-_UNSUPPORTED = {"layer_": "a pipeline-parallel", "expp_rank_": "an expert-parallel (MoE)"}
-
-
 @dataclass(frozen=True)
-class _Source:
+class Placement:
     """Where a stored tensor's values are: ``kind`` is ``"module"`` (a tensor of
     the stored module: ZeRO-0, buffers), ``"frozen"``, ``"zero2"`` (group
     ``group``, ``offset`` into the ranks' partitions end to end) or ``"zero3"``
@@ -209,7 +104,7 @@ def _window(parts: Sequence[np.ndarray], start: int, numel: int) -> list[np.ndar
 
 
 def flat_pieces(
-    source: _Source, parts: Sequence[Sequence[np.ndarray]], world_size: int
+    source: Placement, parts: Sequence[Sequence[np.ndarray]], world_size: int
 ) -> list[np.ndarray]:
     """The 1-D pieces that, end to end, are the trainable parameter laid out as
     ``source`` (``"zero2"`` or ``"zero3"``) in ``parts``, the ranks' flat groups
@@ -294,10 +189,10 @@ class DeepSpeedCheckpoint(TensorSource):
 
     def __init__(self, path: str | os.PathLike, /, *, tag: str | None = None) -> None:
         self.path = Path(path)
-        self.folder, self.tag = _tag_folder(self.path, tag)
+        self.folder, self.tag = tag_folder(self.path, tag)
         self._optim_files: list[Path] = []
         self._optim_states: list[dict[str, Any]] = []  # [rank]: `optimizer_state_dict`
-        self._sources: dict[str, _Source] = {}
+        self._sources: dict[str, Placement] = {}
         self._module: Mapping[str, np.ndarray] = {}
         self._frozen: list[Mapping[str, np.ndarray]] = []
         self._parts: list[list[np.ndarray]] = []  # [rank][group]
@@ -313,27 +208,24 @@ class DeepSpeedCheckpoint(TensorSource):
     def _read_model_states(self) -> None:
         folder = self.folder
         for p in sorted(folder.iterdir()):
-            layout = next((v for k, v in _UNSUPPORTED.items() if p.name.startswith(k)), None)
-            mp = re.search(r"mp_rank_(\d+)", p.name)
-            if mp and int(mp[1]) != 0:
-                layout = "a tensor-parallel"
+            layout = unsupported_layout(p.name)
             if layout:
                 raise ValueError(
                     f"{folder}: holds {p.name}, a file of {layout} checkpoint; only "
                     "data-parallel ZeRO checkpoints are supported (as by zero_to_fp32)."
                 )
         zero3 = sorted(
-            (int(m[1]), p) for p in folder.iterdir() if (m := _ZERO3_MODEL.fullmatch(p.name))
+            (int(m[1]), p) for p in folder.iterdir() if (m := ZERO3_MODEL_STATES.fullmatch(p.name))
         )
-        if (folder / _MODEL_STATES).is_file():
-            self._model_files = [folder / _MODEL_STATES]
+        if (folder / MODEL_STATES).is_file():
+            self._model_files = [folder / MODEL_STATES]
         elif zero3:
-            self._model_files = _by_rank(folder, zero3, "zero_pp_rank_R_mp_rank_00_model_states.pt")
+            self._model_files = _by_rank(folder, zero3, ZERO3_MODEL_STATES_NAME)
         else:
             found = sorted(p.name for p in folder.iterdir())[:6]
             raise ValueError(
                 f"{folder}: expected a DeepSpeed checkpoint tag folder holding "
-                f"{_MODEL_STATES} (ZeRO-0/1/2) or zero_pp_rank_R_mp_rank_00_model_states.pt "
+                f"{MODEL_STATES} (ZeRO-0/1/2) or {ZERO3_MODEL_STATES_NAME} "
                 f"(ZeRO-3), found {found or 'nothing'}; pass the folder `save_checkpoint` "
                 "wrote (with `latest`), one of its tag folders, or `tag=`."
             )
@@ -352,7 +244,7 @@ class DeepSpeedCheckpoint(TensorSource):
         ):
             raise ValueError(
                 f"{self._first_file}: expected DeepSpeed model states with a `module` state "
-                f"dict, found {_describe(module if module is not None else first)}."
+                f"dict, found {describe(module if module is not None else first)}."
             )
         self._module = module
         self._param_shapes = first.get("param_shapes")
@@ -363,18 +255,18 @@ class DeepSpeedCheckpoint(TensorSource):
             if name in buffer_names and self._param_shapes is not None:  # not ZeRO-0
                 t = module[name]
                 dtype = _FLOAT32 if is_floating(t.dtype) else t.dtype  # as zero_to_fp32
-                self._add(name, _Source("module", t.size), tuple(t.shape), dtype)
+                self._add(name, Placement("module", t.size), tuple(t.shape), dtype)
 
     def _model_file(self, rank: int) -> dict[str, Any]:
         path = self._model_files[rank]
         state = load_deepspeed_file(path)
         if not isinstance(state, dict):
             raise ValueError(
-                f"{path}: expected DeepSpeed model states (a dict), found {_describe(state)}."
+                f"{path}: expected DeepSpeed model states (a dict), found {describe(state)}."
             )
         return state
 
-    def _add(self, name: str, source: _Source, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def _add(self, name: str, source: Placement, shape: tuple[int, ...], dtype: np.dtype) -> None:
         if name in self._sources:
             raise ValueError(
                 f"{self._first_file}: {name!r} is listed twice (as a buffer, frozen or "
@@ -391,7 +283,7 @@ class DeepSpeedCheckpoint(TensorSource):
         optim = sorted(
             (int(m[2]), p, m[1] or "")
             for p in self.folder.iterdir()
-            if (m := _OPTIM.fullmatch(p.name))
+            if (m := OPTIM_STATES.fullmatch(p.name))
         )
         if self._param_shapes is None:  # ZeRO-0: the module is the model
             self.stage = 0
@@ -399,12 +291,12 @@ class DeepSpeedCheckpoint(TensorSource):
             self._shared = _memory_ties(self._module)  # DeepSpeed records none here
             for name, t in self._module.items():
                 if name not in self._sources and name not in self._shared:
-                    self._add(name, _Source("module", t.size), tuple(t.shape), t.dtype)
+                    self._add(name, Placement("module", t.size), tuple(t.shape), t.dtype)
             return
         if not optim:
             raise ValueError(
                 f"{self.folder}: expected the ZeRO optimizer files "
-                "(zero_pp_rank_R_mp_rank_00_optim_states.pt), which hold the weights, found "
+                f"({OPTIM_STATES_NAME}), which hold the weights, found "
                 "none; copy them from the training run (the model states alone hold no "
                 "fp32 weights)."
             )
@@ -414,9 +306,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 f"{self.folder}: holds optimizer files both with and without the `bf16_` "
                 "prefix, from two runs; keep one run's files."
             )
-        paths = _by_rank(
-            self.folder, [(r, p) for r, p, *_ in optim], "zero_pp_rank_R_mp_rank_00_optim_states.pt"
-        )
+        paths = _by_rank(self.folder, [(r, p) for r, p, *_ in optim], OPTIM_STATES_NAME)
         self._optim_files = paths
         states = [self._optimizer_state(p) for p in paths]
         self._optim_states = states
@@ -430,7 +320,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 f"{len(paths)}; a rank's file is missing or left over from another run."
             )
         self.stage, self.world_size = stage, world
-        zero3_files = self._model_files[0].name != _MODEL_STATES
+        zero3_files = self._model_files[0].name != MODEL_STATES
         if (
             stage not in (1, 2, 3)
             or (stage == 3) != zero3_files
@@ -448,7 +338,7 @@ class DeepSpeedCheckpoint(TensorSource):
             ):
                 raise ValueError(
                     f"{path}: expected `{key}` (a list of flat tensors) in the optimizer "
-                    f"state, found {_describe(groups)}."
+                    f"state, found {describe(groups)}."
                 )
             self._parts.append(groups)
         self._frozen_params()
@@ -463,7 +353,7 @@ class DeepSpeedCheckpoint(TensorSource):
         if not isinstance(inner, dict) or "zero_stage" not in inner:
             raise ValueError(
                 f"{path}: expected a ZeRO optimizer state (`optimizer_state_dict` with "
-                f"`zero_stage`), found {_describe(inner if isinstance(state, dict) else state)}."
+                f"`zero_stage`), found {describe(inner if isinstance(state, dict) else state)}."
             )
         return inner
 
@@ -497,17 +387,17 @@ class DeepSpeedCheckpoint(TensorSource):
                         f"{where}: frozen parameter {name!r} of shape {list(shape)} has only "
                         f"{sum(t.size for t in frags)} elements stored."
                     )
-                self._add(name, _Source("frozen", numel), tuple(shape), frags[0].dtype)
+                self._add(name, Placement("frozen", numel), tuple(shape), frags[0].dtype)
             else:  # DeepSpeed takes the stored fragment as it is.
                 t = frags[0]
-                self._add(name, _Source("frozen", t.size), tuple(t.shape), t.dtype)
+                self._add(name, Placement("frozen", t.size), tuple(t.shape), t.dtype)
 
     def _group_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         shapes = self._param_shapes
         if not isinstance(shapes, list) or not all(isinstance(g, Mapping) for g in shapes):
             raise ValueError(
                 f"{self._first_file}: expected `param_shapes` (a list of name -> shape dicts), "
-                f"found {_describe(shapes)}."
+                f"found {describe(shapes)}."
             )
         return [{n: tuple(int(d) for d in s) for n, s in g.items()} for g in shapes]
 
@@ -531,7 +421,7 @@ class DeepSpeedCheckpoint(TensorSource):
             offset = 0
             for i, (name, shape) in enumerate(shapes.items()):
                 numel = _numel(shape)
-                self._add(name, _Source("zero2", numel, g, offset), shape, dtype)
+                self._add(name, Placement("zero2", numel, g, offset), shape, dtype)
                 offset += numel + (int(pads[i]) if pads is not None else 0)
             available = sum(parts[g].size for parts in self._parts)
             # DeepSpeed's own check, and the last parameter must be there whole.
@@ -555,7 +445,7 @@ class DeepSpeedCheckpoint(TensorSource):
         for shapes in groups:
             for name, shape in shapes.items():
                 numel = _numel(shape)
-                self._add(name, _Source("zero3", numel, 0, offset), shape, dtype)
+                self._add(name, Placement("zero3", numel, 0, offset), shape, dtype)
                 offset += -(-numel // self.world_size)
         if offset != sum(sizes):  # DeepSpeed's own check
             raise ValueError(
@@ -567,7 +457,7 @@ class DeepSpeedCheckpoint(TensorSource):
         if not isinstance(self._shared, Mapping):
             raise ValueError(
                 f"{self._first_file}: expected `shared_params` (alias -> name), found "
-                f"{_describe(self._shared)}."
+                f"{describe(self._shared)}."
             )
         # As zero_to_fp32: an alias of a rebuilt tensor is that tensor. A name
         # stored in its own right keeps its own values.
@@ -614,7 +504,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 aliases[name] = aliases.get(canonical, canonical)
                 self.origins[name] = "storage"
             else:
-                self._add(name, _Source("module", t.size), tuple(t.shape), t.dtype)
+                self._add(name, Placement("module", t.size), tuple(t.shape), t.dtype)
             self.recovered += (name,)
 
     @property
@@ -686,7 +576,7 @@ class DeepSpeedCheckpoint(TensorSource):
         stored = dict(zip(names, parallel_map(self.read, names), strict=True))
         return {n: stored[self.shared_params.get(n, n)] for n in self.names}
 
-    def _source(self, name: str) -> _Source:
+    def _source(self, name: str) -> Placement:
         try:
             return self._sources[name]
         except KeyError:
@@ -714,29 +604,6 @@ class DeepSpeedCheckpoint(TensorSource):
 # -- helpers -------------------------------------------------------------------------
 
 
-def _tag_folder(path: Path, tag: str | None) -> tuple[Path, str]:
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"{path}: no such folder; expected a DeepSpeed checkpoint folder (the one "
-            "`engine.save_checkpoint` was given, holding `latest`) or one of its tag folders."
-        )
-    if tag is None and (path / "latest").is_file():
-        tag = (path / "latest").read_text(errors="replace").strip()
-        if not _TAG.fullmatch(tag) or tag in (".", ".."):
-            raise ValueError(
-                f"{path / 'latest'}: expected the name of a tag folder beside it, found {tag!r}."
-            )
-    if tag is None:
-        return path, path.name
-    folder = path / tag
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder}: no such tag folder; the tags in {path} are "
-            f"{sorted(p.name for p in path.iterdir() if p.is_dir())}."
-        )
-    return folder, tag
-
-
 def _by_rank(folder: Path, ranked: list[tuple[int, Path]], pattern: str) -> list[Path]:
     ranks = [r for r, _ in ranked]
     if ranks != list(range(len(ranks))):
@@ -756,7 +623,9 @@ def _as_int(value: Any, path: Path, key: str) -> int:
         raise ValueError(f"{path}: expected an integer `{key}`, found {value!r}.") from None
 
 
-def _describe(obj: Any) -> str:
+def describe(obj: Any) -> str:
+    """How a message names what was found where a dict of DeepSpeed's was expected:
+    a dict by its keys, anything else by its type."""
     if isinstance(obj, Mapping):
         return f"a dict with keys {list(obj)[:8]}"
     return type(obj).__name__

@@ -33,15 +33,14 @@ from typing import Any
 import numpy as np
 
 from jaxshare.core.report import ArrayInfo
-from jaxshare.formats.deepspeed.checkpoint import _OPTIM as _OPTIM_FILE
 from jaxshare.formats.deepspeed.checkpoint import (
     DeepSpeedCheckpoint,
-    _describe,
-    _Source,
-    _tag_folder,
+    Placement,
+    describe,
     flat_pieces,
 )
-from jaxshare.formats.optim import OptimizerState, ParamGroup
+from jaxshare.formats.deepspeed.files import MODEL_STATES, OPTIM_STATES, tag_folder
+from jaxshare.formats.optim import OptimizerState, ParamGroup, TrainingState
 from jaxshare.io.source import Index, TensorSource
 
 __all__ = ["DeepSpeedSlot", "is_deepspeed_training", "read_deepspeed_training"]
@@ -80,7 +79,7 @@ class DeepSpeedSlot(TensorSource):
         self,
         path: Path,
         slot: str,
-        layout: Mapping[str, _Source],
+        layout: Mapping[str, Placement],
         shapes: Mapping[str, tuple[int, ...]],
         parts: list[list[np.ndarray]],
         world_size: int,
@@ -146,15 +145,13 @@ def is_deepspeed_training(path: str | os.PathLike, /, *, tag: str | None = None)
     False
     """
     try:
-        folder, _ = _tag_folder(Path(path), tag)
+        folder, _ = tag_folder(Path(path), tag)
     except (OSError, ValueError):
         return False
-    return any(_OPTIM_FILE.fullmatch(p.name) for p in folder.iterdir())
+    return any(OPTIM_STATES.fullmatch(p.name) for p in folder.iterdir())
 
 
-def read_deepspeed_training(
-    path: str | os.PathLike, /, *, tag: str | None = None
-) -> tuple[DeepSpeedCheckpoint, OptimizerState]:
+def read_deepspeed_training(path: str | os.PathLike, /, *, tag: str | None = None) -> TrainingState:
     """The fp32 master weights and the optimizer state of a ZeRO-1/2/3 folder.
 
     Args:
@@ -190,7 +187,7 @@ def read_deepspeed_training(
     """
     ckpt = DeepSpeedCheckpoint(path, tag=tag)
     try:
-        return ckpt, _read_state(ckpt)
+        return TrainingState(ckpt, _read_state(ckpt))
     except BaseException:
         ckpt.close()
         raise
@@ -200,7 +197,7 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
     if ckpt.stage == 0:
         raise ValueError(
             f"{ckpt.folder}: a ZeRO-0 checkpoint keeps no ZeRO optimizer partitions (its "
-            "optimizer state is DeepSpeed's own wrapper in mp_rank_00_model_states.pt); "
+            f"optimizer state is DeepSpeed's own wrapper in {MODEL_STATES}); "
             "expected a ZeRO-1, 2 or 3 folder."
         )
     stage, files = ckpt.stage, ckpt._optim_files
@@ -222,7 +219,7 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
                 and isinstance(sd.get("param_groups"), list)):  # fmt: skip
             raise ValueError(
                 f"{file}: expected `{key}` (a torch optimizer state dict with `state` and "
-                f"`param_groups`), found {_describe(sd)}; an elastic or offloaded "
+                f"`param_groups`), found {describe(sd)}; an elastic or offloaded "
                 "checkpoint is not read."
             )
         groups = [g for g in sd["param_groups"] if isinstance(g, Mapping)]

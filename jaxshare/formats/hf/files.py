@@ -45,6 +45,7 @@ __all__ = [
     "check_not_a_shard",
     "hf_layout",
     "is_hf_directory",
+    "is_hf_input",
     "model_files",
     "parse_size",
     "read_index",
@@ -346,6 +347,16 @@ def is_hf_directory(path: Path) -> bool:
     if not path.is_dir():
         return False
     return any((path / name).is_file() for name in (CONFIG_FILE, *_WEIGHT_FILES))
+
+
+def is_hf_input(path: Path) -> bool:
+    """Whether ``path`` names a Hugging Face directory: the directory itself (see
+    :func:`is_hf_directory`), its ``*.index.json`` or its ``config.json``."""
+    if path.is_file():
+        return path.name.endswith(INDEX_SUFFIX) or (
+            path.name == CONFIG_FILE and is_hf_directory(path.parent)
+        )
+    return is_hf_directory(path)
 
 
 def shard_of(path: str | os.PathLike) -> Path | None:

@@ -25,7 +25,7 @@ from jaxshare.internal import (
     variable_value,
 )
 
-__all__ = ["TargetTree", "target_tree"]
+__all__ = ["LikeTree", "like_tree"]
 
 FlaxPath = tuple[str, ...]
 
@@ -42,7 +42,7 @@ def _placement(leaf: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class TargetTree:
+class LikeTree:
     """A target tree taken apart.
 
     Attributes:
@@ -88,7 +88,7 @@ class TargetTree:
         return jax.tree_util.tree_unflatten(self.treedef, out)
 
 
-def target_tree(like: Any) -> TargetTree:
+def like_tree(like: Any) -> LikeTree:
     """Takes ``like`` apart; an ``nnx.Module`` stands for its ``nnx.state``, plus
     the paths of its shared Variables that ``nnx.state`` drops."""
     module = like if is_nnx_module(like) else None
@@ -105,7 +105,7 @@ def target_tree(like: Any) -> TargetTree:
             value = variable_value(kept.get(split(canonical)))
             if split(alias) not in kept and hasattr(value, "shape"):
                 shared[split(alias)] = tuple(value.shape)
-    return TargetTree(treedef, leaves, shared)
+    return LikeTree(treedef, leaves, shared)
 
 
 def _str_path(path: tuple[str | int, ...]) -> FlaxPath:

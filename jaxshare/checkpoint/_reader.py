@@ -1,0 +1,26 @@
+"""The Orbax item's reader: what ``bridge.open_source`` tries first.
+
+A path is an Orbax checkpoint when it is an item directory, a ``CheckpointManager``
+step holding one, or a manager root (which the opener refuses, naming its steps):
+told from the names of the files in it and its folders, with no import of
+TensorStore, which only reading the item needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxshare.formats import Reader, is_checkpoint
+from jaxshare.io.source import TensorSource
+
+__all__ = ["READER"]
+
+
+def _open(path: Path) -> TensorSource:
+    from jaxshare.checkpoint._source import open_source  # (TensorStore: only to read it.)
+
+    return open_source(path)
+
+
+#: The reader of Orbax items (a jaxshare item, or a plain Orbax PyTree checkpoint).
+READER = Reader("orbax", "an Orbax checkpoint", is_checkpoint, _open)

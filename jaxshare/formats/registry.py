@@ -1,0 +1,88 @@
+"""The formats' readers, in the order a path is tried: the one table of them.
+
+Each row is a :class:`~jaxshare.formats.Reader` built from what its format's module
+defines (the test of a path, the source class, the training state where the
+format holds one). ``bridge.open_source`` walks this table, with the Orbax
+item's reader (:data:`jaxshare.checkpoint.READER`) before it and the Hugging Face
+directory's after it; the one error for a path no reader accepts lists what each
+reader's ``what`` says. A new format is its module and one row here (see
+``docs/architecture.md``, "Adding a reader").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder
+from jaxshare.formats.dcp.training import is_dcp_training_folder, read_dcp_training
+from jaxshare.formats.deepspeed.checkpoint import DeepSpeedCheckpoint
+from jaxshare.formats.deepspeed.files import is_deepspeed_folder
+from jaxshare.formats.deepspeed.training import is_deepspeed_training, read_deepspeed_training
+from jaxshare.formats.hf.files import check_not_a_shard
+from jaxshare.formats.msgpack import MsgpackFile
+from jaxshare.formats.optim import TrainingState, is_torch_training_file, read_torch_training
+from jaxshare.formats.pytorch import TORCH_SUFFIXES, TorchFile
+from jaxshare.formats.reader import Reader
+from jaxshare.formats.safetensors import SafetensorsFile
+from jaxshare.io.source import TensorSource
+
+__all__ = ["READERS", "file_reader"]
+
+
+def file_reader(
+    name: str,
+    what: str,
+    suffixes: Collection[str],
+    opener: Callable[[Path], TensorSource],
+    *,
+    holds_training: Callable[[Path], bool] | None = None,
+    open_training: Callable[[Path], TrainingState] | None = None,
+) -> Reader:
+    """The reader of one kind of weights file, told by its suffix. A file that an
+    index beside it lists as one shard of several is refused in one line: alone it
+    is not the model (a Hugging Face directory opens its shards itself).
+
+    >>> file_reader("npy", "a .npy file", (".npy",), print).accepts(Path("w.npy"))
+    False
+    """
+
+    def accepts(path: Path) -> bool:
+        return path.suffix in suffixes and path.is_file()
+
+    def open_alone(path: Path) -> TensorSource:
+        check_not_a_shard(path)
+        return opener(path)
+
+    return Reader(name, what, accepts, open_alone, (), holds_training, open_training)
+
+
+#: The formats' readers, in the order a path is tried.
+READERS: tuple[Reader, ...] = (
+    Reader(
+        "dcp",
+        "a PyTorch DCP directory",
+        is_dcp_folder,
+        DCPFolder,
+        holds_training=is_dcp_training_folder,
+        open_training=read_dcp_training,
+    ),
+    Reader(
+        "deepspeed",
+        "a DeepSpeed directory",
+        is_deepspeed_folder,
+        DeepSpeedCheckpoint,
+        holds_training=is_deepspeed_training,
+        open_training=read_deepspeed_training,
+    ),
+    file_reader("safetensors", "a .safetensors file", (".safetensors",), SafetensorsFile),
+    file_reader(
+        "torch",
+        f"a PyTorch file ({', '.join(TORCH_SUFFIXES)})",
+        TORCH_SUFFIXES,
+        TorchFile,
+        holds_training=is_torch_training_file,
+        open_training=read_torch_training,
+    ),
+    file_reader("msgpack", "a Flax .msgpack file", (".msgpack",), MsgpackFile),
+)
