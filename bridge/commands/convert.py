@@ -31,15 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from bridge.commands.outputs import FORMATS, NAMES, Format
+from bridge.commands.writers import RUN, WRITERS, Options
 from bridge.layouts.layout import Layout, as_layout
 from bridge.layouts.rules import Rules, as_rules
-from bridge.naming.relayout import place_any
-from bridge.naming.torch_naming import in_torch_names
 from bridge.sources.declared import declare_ties, tie_map
-from bridge.sources.registry import opened
-from jaxshare.formats import TORCH_SUFFIXES, is_dcp_folder, save_plan, write_dcp
+from bridge.sources.registry import find_reader, opened
+from jaxshare.formats import TORCH_SUFFIXES
 from jaxshare.internal import UsageError, float_dtype
-from jaxshare.stream import Plan, ProgressFn, TensorSource
+from jaxshare.stream import ProgressFn, TensorSource
 
 __all__ = ["convert", "output_format"]
 
@@ -168,28 +167,26 @@ def convert(
     (4, 2)
     """
     dst = Path(dst)
-    if optimizer or dst.suffix in TORCH_SUFFIXES:  # (optax's layouts: 14 ms to import)
-        from bridge.training.run import convert_training, is_training_run
-
-        if optimizer or is_training_run(src):
-            given = {"--dtype": dtype, "--names": names,
-                     "--max-shard-size": max_shard_size, "--stack": stack,
-                     "--manifest": manifest, "--format": format not in (None, "orbax", "torch"),
-                     "--compression": compression != "zstd"}  # fmt: skip
-            extra = [option for option, value in given.items() if value]
-            if extra:
-                raise UsageError(
-                    f"a training run converts as it is: {', '.join(extra)} do not apply (its "
-                    "weights alone convert without --optimizer)."
-                )
-            return convert_training(
-                src, dst, force=force, rules=as_rules(rules), layout=layout, ties=ties,
-                config=config,
-            )  # fmt: skip
+    if optimizer or (dst.suffix in TORCH_SUFFIXES and _is_training_run(src)):
+        given = {"--dtype": dtype, "--names": names,
+                 "--max-shard-size": max_shard_size, "--stack": stack,
+                 "--manifest": manifest, "--format": format not in (None, "orbax", "torch"),
+                 "--compression": compression != "zstd"}  # fmt: skip
+        extra = [option for option, value in given.items() if value]
+        if extra:
+            raise UsageError(
+                f"a training run converts as it is: {', '.join(extra)} do not apply (its "
+                "weights alone convert without --optimizer)."
+            )
+        given_layout = None if layout is None else as_layout(layout)
+        RUN(dst, src, Options(as_rules(rules), given_layout, ties=ties, config=config, force=force))
+        return dst
     rules = _with_stacks(as_rules(rules), stack, stack_axis)
     float_dtype(dtype)  # A bad `dtype` fails before anything is read.
-    # A DCP folder's config declares its ties; any other input's is the output's.
-    declares = isinstance(src, (str, os.PathLike)) and is_dcp_folder(src)
+    # An input that records no ties (a DCP folder) has them from its config; any
+    # other input's config is the output's.
+    reader = find_reader(src) if isinstance(src, (str, os.PathLike)) else None
+    declares = reader is not None and not reader.records_ties
     hf_options = (config is not None and not declares) or max_shard_size is not None
     fmt = output_format(dst, format, hf_options=hf_options)
     if manifest and fmt in ("torch", "dcp"):
@@ -216,12 +213,12 @@ def convert(
             f"got {names!r} for a {fmt} output."
         )
     try:  # A bad `layout` fails before anything is read.
-        layout = None if layout is None else as_layout(layout)
+        chosen = None if layout is None else as_layout(layout)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if fmt == "torch":  # A pickle of torch tensors: torch, before anything is read.
-        from bridge.torch.torch_file import save_torch
-    inputs = [src] if isinstance(src, (str, os.PathLike)) else []
+        from bridge.torch.torch_file import save_torch  # noqa: F401
+    inputs = [Path(src)] if isinstance(src, (str, os.PathLike)) else []
     with opened(src, rules, arg="src") as source:
         inputs += [source.path] if source.path is not None else []
         for note in source.notes:  # (What else a training checkpoint holds.)
@@ -230,59 +227,20 @@ def convert(
             source = declare_ties(
                 source, declared, config=config if declares else None, rules=rules
             )
-        if fmt == "hf":
-            from bridge.commands.save_hf import save_hf
-
-            # save_hf plans: a naming record, else the config's model class, names Flax leaves.
-            return save_hf(
-                dst,
-                source,
-                dtype=dtype,
-                config=config if config is not None else _config_of(source, dst),
-                max_shard_size=max_shard_size,
-                force=force,
-                inputs=inputs,
-                progress=progress,
-                rules=rules,
-                layout=layout,
-                manifest=manifest,
-            )
-        if (
-            fmt == "safetensors"
-            and source.kind == "orbax"
-            and names in (None, "flax")
-            and layout is None
-        ):
-            from jaxshare import checkpoint
-
-            # Every alias written out too, for readers that know no ties.
-            checkpoint.consolidate_to_safetensors(
-                source.where, dst, dtype=dtype, force=force, progress=progress, manifest=manifest
-            )
-            return dst
-        plan, reads = _plan(source, fmt, names, rules, layout)
-        plan = plan.cast(dtype)
-        if fmt == "orbax":
-            from jaxshare import checkpoint
-
-            checkpoint.write_item(
-                dst,
-                plan,
-                reads,
-                force=force,
-                inputs=inputs,
-                progress=progress,
-                manifest=manifest,
-                compression=compression,
-            )
-        elif fmt == "safetensors":
-            save_plan(
-                dst, plan, reads, force=force, inputs=inputs, progress=progress, manifest=manifest
-            )
-        elif fmt == "dcp":
-            write_dcp(dst, plan, reads, force=force, inputs=inputs, progress=progress)
-        else:
-            save_torch(plan, reads, dst, force=force, inputs=inputs, progress=progress)
+        options = Options(
+            rules,
+            chosen,
+            names=names,
+            dtype=dtype,
+            config=None if declares else config,
+            max_shard_size=max_shard_size,
+            force=force,
+            inputs=inputs,
+            progress=progress,
+            manifest=manifest,
+            compression=compression,
+        )
+        WRITERS[fmt](dst, source, options)
     return dst
 
 
@@ -301,41 +259,8 @@ def _with_stacks(rules: Rules, stack: str | Sequence[str], axis: int) -> Rules:
     return dataclasses.replace(rules, stacks={**rules.stacks, **dict.fromkeys(prefixes, axis)})
 
 
-def _plan(
-    source: TensorSource,
-    fmt: Format,
-    names: str | None,
-    rules: Rules,
-    layout: Layout | None,
-) -> tuple[Plan, TensorSource]:
-    """The plan of an Orbax, safetensors or PyTorch-file output, and the source it
-    reads: Flax names for an item (and for ``names="flax"``) -- in ``layout`` when
-    given, a Flax-named input placed anew through its PyTorch names --, PyTorch
-    names for a PyTorch file or DCP folder (and for ``names="torch"``), the input's own naming for
-    a ``.safetensors`` file."""
-    flax = source.flax_named
-    if fmt == "safetensors":
-        want_flax = (names or ("flax" if flax else "torch")) == "flax"
-    else:
-        want_flax = fmt == "orbax"
-    if want_flax:
-        if flax and layout is None:
-            return Plan.identity(source), source
-        placement, placed = place_any(source, like=None, rules=rules, layout=layout)
-        return placement.plan(placed), placed
-    if layout is not None and not flax:
-        raise UsageError(
-            f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "
-            "output keeps the input's PyTorch names."
-        )
-    return in_torch_names(source, rules=rules, layout=layout)
+def _is_training_run(src: Any) -> bool:
+    """Whether ``src`` is a training run jaxshare wrote (``convert --optimizer``)."""
+    from bridge.training.run import is_training_run  # (optax's layouts: 14 ms to import)
 
-
-def _config_of(source: TensorSource, dst: Path) -> Any:
-    config = source.config
-    if config is None:
-        raise UsageError(
-            f"{dst}: a Hugging Face directory needs a config.json: pass --config "
-            "(the input has none)."
-        )
-    return config
+    return is_training_run(src)

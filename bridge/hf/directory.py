@@ -36,8 +36,9 @@ from jaxshare.formats import (
     CONFIG_FILE,
     INDEX_SUFFIX,
     MANIFEST_KEY,
+    HFWeights,
     Reader,
-    hf_layout,
+    hf_weights,
     is_hf_input,
     open_weights_file,
     read_index,
@@ -68,7 +69,7 @@ class HFDirectory(TensorSource):
       assets: the files that travel with the weights (``config.json``, the
         tokenizer's, ...: ``jaxshare.formats.MODEL_ASSETS``), by name.
       other_files: the rest beside the weights: listed, never read or run.
-      layout: which files hold the weights (:class:`jaxshare.formats.HFLayout`).
+      weights: which files hold the weights (:class:`jaxshare.formats.HFWeights`).
       exact: whether the model class named the config's ties (``False``: the
         table did, or there is no config).
 
@@ -94,11 +95,11 @@ class HFDirectory(TensorSource):
         use_transformers: bool | None = None,
     ) -> None:
         rules = as_rules(rules)
-        self.layout = layout = hf_layout(path)
-        self.path = layout.directory
-        files = layout.model_files()
+        self.weights = weights = hf_weights(path)
+        self.path = weights.directory
+        files = weights.model_files()
         self.assets, self.other_files = files.assets, files.other
-        self.config = None if layout.config is None else config_dict(layout.config)
+        self.config = None if weights.config is None else config_dict(weights.config)
         self._shards: list[TensorSource] = []
         try:
             self._open(rules, use_transformers)
@@ -107,26 +108,26 @@ class HFDirectory(TensorSource):
             raise
 
     def _open(self, rules: Rules, use_transformers: bool | None) -> None:
-        layout = self.layout
+        weights = self.weights
         owner: dict[str, int] = {}
         infos: dict[str, ArrayInfo] = {}
-        for i, file in enumerate(layout.files):
+        for i, file in enumerate(weights.files):
             shard = open_weights_file(file)
             self._shards.append(shard)
             for name, info in shard.infos.items():
                 if name in owner:
                     raise ValueError(
-                        f"{self.path}: {name!r} is in both {layout.files[owner[name]].name} and "
+                        f"{self.path}: {name!r} is in both {weights.files[owner[name]].name} and "
                         f"{file.name}; a tensor belongs to one shard."
                     )
                 owner[name] = i
                 infos[name] = info
-        if layout.index is not None:
-            _check_index(layout.index, layout.files, owner)
+        if weights.index is not None:
+            _check_index(weights.index, weights.files, owner)
         self._owner = owner
         ties, transforms, origins = {}, {}, {}
         naming = None
-        for file, shard in zip(layout.files, self._shards, strict=True):
+        for file, shard in zip(weights.files, self._shards, strict=True):
             for alias, canonical in shard.ties.items():
                 ties[alias] = canonical
                 if (perm := shard.ties.transform(alias)) is not None:
@@ -143,7 +144,7 @@ class HFDirectory(TensorSource):
         found = ConfigTies({})
         # (A Flax msgpack's names are Flax paths; the config's ties, in PyTorch names,
         # come back where they are written in PyTorch names: bridge.save_hf.)
-        if self.config is not None and layout.flavour != "msgpack":
+        if self.config is not None and weights.flavour != "msgpack":
             found = config_ties(
                 self.config, infos, rules, use_transformers=use_transformers, need_model=False
             )
@@ -158,15 +159,15 @@ class HFDirectory(TensorSource):
         self.unapplied_ties = tuple(t for shard in self._shards for t in shard.unapplied_ties)
         self.layers = found.layers
         self._storage = frozenset(a for a, o in self.origins.items() if o == "storage")
-        parts = [] if layout.index is None else [f"{layout.index.name}: {len(owner)} tensors"]
-        shards = zip(layout.files, self._shards, strict=True)
+        parts = [] if weights.index is None else [f"{weights.index.name}: {len(owner)} tensors"]
+        shards = zip(weights.files, self._shards, strict=True)
         parts += [file_part(f, len(s.infos)) for f, s in shards]
         if self.config is not None:
             arch = (self.config.get("architectures") or ["?"])[0]
             by = "the model class on the meta device" if self.exact else "jaxshare's table"
             if found.tabulated:
                 by = "the model class (tabulated from transformers)"
-            if layout.flavour == "msgpack":
+            if weights.flavour == "msgpack":
                 parts.append(f"{CONFIG_FILE}: {arch}, its Flax model's own params")
             else:
                 parts.append(f"{CONFIG_FILE}: {arch}, ties named by {by}")
@@ -216,19 +217,30 @@ class HFDirectory(TensorSource):
     def written_out(self) -> frozenset[str]:
         return frozenset(a for a in self.ties if a in self.infos and a not in self._storage)
 
+    @property
+    def layout(self) -> HFWeights:
+        """The old name of :attr:`weights`, which works with a ``DeprecationWarning``."""
+        warnings.warn(
+            "`HFDirectory.layout` is now `HFDirectory.weights`: a layout is a model "
+            "family's convention (bridge.Layout).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.weights
+
     def manifest(self) -> Manifest | None:
         """The manifest in the index's metadata, or in the one shard's where there is
         no index (``convert --manifest``)."""
-        layout = self.layout
-        if layout.index is None:
+        weights = self.weights
+        if weights.index is None:
             return self._shards[0].manifest() if len(self._shards) == 1 else None
-        doc = read_index(layout.index).metadata.get(MANIFEST_KEY)
+        doc = read_index(weights.index).metadata.get(MANIFEST_KEY)
         if doc is None:
             return None
         try:
             return Manifest.from_json(json.dumps(doc))
         except ValueError as e:
-            raise ValueError(f"{layout.index}: metadata {MANIFEST_KEY!r}: {e}") from None
+            raise ValueError(f"{weights.index}: metadata {MANIFEST_KEY!r}: {e}") from None
 
     def _shard(self, name: str) -> TensorSource:
         try:

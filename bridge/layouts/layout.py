@@ -201,7 +201,7 @@ TRANSFORMERS_FLAX = Layout(
     "transformers-flax",
     tuple(
         # FlaxConv1D holds (out, in): GPT-2's Conv1D weight (in, out), transposed.
-        dataclasses.replace(rule, layout="kernel") if rule.layers == ("conv1d",) else rule
+        dataclasses.replace(rule, axes="kernel") if rule.layers == ("conv1d",) else rule
         for rule in DEFAULT_RULES
     ),
     collections=False,

@@ -1,4 +1,4 @@
-"""Naming and layout rules: where a PyTorch tensor goes in a Flax tree, and back.
+"""Naming and layout rules: the tables a layout is made of.
 
 A PyTorch name ``a.b.0.c.weight`` is a module path plus a leaf name; its Flax path
 is ``params/a/b/0/c/kernel``: a collection, the same module path (``layers.0``
@@ -8,40 +8,34 @@ Linear is its ``weight`` transposed).
 
 Names alone are ambiguous: a 2-D ``weight`` is a Linear's (transposed), an
 Embedding's (as is) or a GPT-2 ``Conv1D``'s (already ``(in, out)``). The layer
-that owns the tensor decides when it is known (from a module: its class, looked
-up in :data:`DEFAULT_LAYERS`); otherwise every rule for the name is a candidate,
-in order, and the first wins -- unless a target tree (``like=``) picks the one
-whose path and shape it has. The first candidate for an unknown 2-D ``weight``
-is Hugging Face's default, ``kernel = weight.T``.
+that owns the tensor decides when it is known (its kind, from a module's class:
+:data:`DEFAULT_LAYERS`; from its name: :data:`DEFAULT_LAYER_NAMES`). The rules
+are applied in each direction by :mod:`bridge.naming.flax_placement` (torch ->
+Flax: every candidate place, best first) and :mod:`bridge.naming.torch_naming`
+(Flax -> torch: the first rule whose Flax side matches).
 """
 
 from __future__ import annotations
 
-import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from jaxshare.internal import LAYER, Perm, lift
+from jaxshare.internal import Perm
 
 __all__ = [
     "DEFAULT_LAYERS",
     "DEFAULT_LAYER_NAMES",
     "DEFAULT_RULES",
-    "LAYOUTS",
+    "AXES",
     "Rule",
     "Rules",
     "RulesArg",
-    "Candidate",
-    "TorchLeaf",
     "as_rules",
-    "candidates",
     "class_kind",
-    "guess_kind",
     "layer_kind",
-    "module_variants",
-    "torch_name",
 ]
 
 
@@ -55,8 +49,8 @@ def _transposed_kernel(ndim: int) -> Perm:
     return (*range(2, ndim), 0, 1)
 
 
-#: Named layouts: ``ndim -> permutation`` from the PyTorch to the Flax axis order.
-LAYOUTS: Mapping[str, Callable[[int], Perm | None]] = MappingProxyType(
+#: Named axis orders: ``ndim -> permutation`` from the PyTorch to the Flax axis order.
+AXES: Mapping[str, Callable[[int], Perm | None]] = MappingProxyType(
     {"same": lambda ndim: None, "kernel": _kernel, "transposed_kernel": _transposed_kernel}
 )
 
@@ -72,10 +66,11 @@ class Rule:
         empty for any. A rule for other layers is never used for a tensor whose
         layer is known, and is a candidate for one whose layer is not.
       ndims: tensor ranks the rule is for; empty for any.
-      layout: a key of :data:`LAYOUTS`: how the axes move from PyTorch to Flax.
+      axes: a key of :data:`AXES`: how the axes move from PyTorch to Flax.
       collection: the linen collection the leaf belongs to.
+      layout: the old name of ``axes``, which works with a ``DeprecationWarning``.
 
-    >>> r = Rule("weight", "kernel", layers=("conv",), layout="kernel")
+    >>> r = Rule("weight", "kernel", layers=("conv",), axes="kernel")
     >>> r.perm(4)  # (O, I, H, W) -> (H, W, I, O)
     (2, 3, 1, 0)
     """
@@ -84,27 +79,36 @@ class Rule:
     flax: str
     layers: tuple[str, ...] = ()
     ndims: tuple[int, ...] = ()
-    layout: str = "same"
+    axes: str = "same"
     collection: str = "params"
+    layout: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, layout: str | None) -> None:
+        if layout is not None:
+            warnings.warn(
+                "`Rule(layout=...)` is now `Rule(axes=...)`: a layout is a model family's "
+                "convention (bridge.Layout).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "axes", layout)
         names = (("torch", self.torch), ("flax", self.flax), ("collection", self.collection))
         for what, name in names:
             if not isinstance(name, str) or not name or "." in name or "/" in name:
                 raise ValueError(
                     f"Rule `{what}` must be one non-empty name without '.' or '/', got {name!r}."
                 )
-        if self.layout not in LAYOUTS:
+        if self.axes not in AXES:
             raise ValueError(
-                f"Rule {self.torch!r} -> {self.flax!r}: unknown `layout` {self.layout!r}; "
-                f"expected one of {sorted(LAYOUTS)}."
+                f"Rule {self.torch!r} -> {self.flax!r}: unknown `axes` {self.axes!r}; "
+                f"expected one of {sorted(AXES)}."
             )
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "ndims", tuple(self.ndims))
 
     def perm(self, ndim: int) -> Perm | None:
         """The PyTorch -> Flax axis permutation for a tensor of rank ``ndim``."""
-        perm = LAYOUTS[self.layout](ndim)
+        perm = AXES[self.axes](ndim)
         return None if perm is None or perm == tuple(range(ndim)) else perm
 
     def fits(self, ndim: int) -> bool:
@@ -113,10 +117,8 @@ class Rule:
 
 #: The rules, in order. See the module docstring for how they are chosen.
 DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule("weight", "kernel", layers=("linear", "conv"), ndims=(2, 3, 4, 5), layout="kernel"),
-    Rule(
-        "weight", "kernel", layers=("conv_transpose",), ndims=(3, 4, 5), layout="transposed_kernel"
-    ),
+    Rule("weight", "kernel", layers=("linear", "conv"), ndims=(2, 3, 4, 5), axes="kernel"),
+    Rule("weight", "kernel", layers=("conv_transpose",), ndims=(3, 4, 5), axes="transposed_kernel"),
     Rule("weight", "kernel", layers=("conv1d",), ndims=(2,)),
     Rule("weight", "embedding", layers=("embedding",), ndims=(2,)),
     Rule("weight", "scale", layers=("norm", "batch_norm")),
@@ -268,169 +270,3 @@ def class_kind(class_names: Sequence[str], rules: Rules) -> str | None:
         if kind is not None:
             return kind
     return None
-
-
-def guess_kind(module: str, rules: Rules) -> str | None:
-    """The layer kind :attr:`Rules.layer_names` gives a module path such as
-    ``'transformer.wte'`` (by its last part), or ``None``.
-
-    >>> guess_kind("transformer.h.0.attn.c_attn", Rules()), guess_kind("enc", Rules())
-    ('conv1d', None)
-    """
-    return rules.layer_names.get(module.rpartition(".")[2]) if module else None
-
-
-@dataclass(frozen=True)
-class TorchLeaf:
-    """One PyTorch tensor as the rules see it.
-
-    Attributes:
-      key: the state-dict name, ``"h.0.attn.c_attn.weight"``.
-      shape: its shape.
-      layer: the kind of the module that owns it, ``None`` if unknown.
-      buffer: ``True`` for a buffer, ``False`` for a parameter, ``None`` if unknown.
-      stack: for a stack of layers (a key with ``{i}``, shape ``(L, *layer)``),
-        the Flax axis the layers go on; ``None``: not a stack, or (with ``like=``)
-        to be found from the target's shapes.
-    """
-
-    key: str
-    shape: tuple[int, ...]
-    layer: str | None = None
-    buffer: bool | None = None
-    stack: int | None = None
-
-    @property
-    def stacked(self) -> bool:
-        """Whether this is a stack of layers (its key has ``{i}``)."""
-        return LAYER in self.key.split(".")
-
-    @property
-    def module(self) -> tuple[str, ...]:
-        return tuple(self.key.split(".")[:-1])
-
-    @property
-    def name(self) -> str:
-        return self.key.rsplit(".", 1)[-1]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """Where a tensor goes: its collection, Flax leaf name and axis permutation."""
-
-    collection: str
-    name: str
-    perm: Perm | None
-
-
-def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
-    """Every place ``leaf`` can go, best first, distinct.
-
-    The last candidate keeps the PyTorch name and layout, in ``params`` (or in
-    ``buffers`` for a known buffer).
-
-    >>> [(t.name, t.perm) for t in candidates(TorchLeaf("head.weight", (3, 2)), Rules())]
-    [('kernel', (1, 0)), ('kernel', None), ('embedding', None), ('scale', None), ('weight', None)]
-    >>> candidates(TorchLeaf("wte.weight", (3, 2), layer="embedding"), Rules())
-    [Candidate(collection='params', name='embedding', perm=None)]
-    """
-    ndim = len(leaf.shape) - leaf.stacked  # (A stack's rules are its layers'.)
-    axes = [leaf.stack or 0] if leaf.stacked else [None]
-    out: list[Candidate] = []
-    for rule in rules.rules:
-        if rule.torch != leaf.name or not rule.fits(ndim):
-            continue
-        if leaf.layer is not None and rule.layers and leaf.layer not in rule.layers:
-            continue
-        for axis in axes:
-            perm = rule.perm(ndim) if axis is None else lift(rule.perm(ndim), ndim, axis)
-            target = Candidate(rule.collection, rule.flax, perm)
-            if target not in out:
-                out.append(target)
-    if not out or leaf.layer is None:
-        perm = None if axes[0] is None else lift(None, ndim, axes[0])
-        fallback = Candidate("buffers" if leaf.buffer else "params", leaf.name, perm)
-        if fallback not in out:
-            out.append(fallback)
-    return out
-
-
-_LIST_ITEM = re.compile(r"^(.*?[^_\d].*?)((?:_\d+)+)$")
-
-
-def module_variants(
-    module: tuple[str, ...], linen_lists: bool, renames: Mapping[str, str] | None = None
-) -> list[tuple[str, ...]]:
-    """The Flax spellings of a PyTorch module path, preferred first (``renames``:
-    PyTorch module name -> Flax module name, :attr:`Rules.modules`).
-
-    >>> module_variants(("h", "0", "attn"), linen_lists=False)
-    [('h', '0', 'attn'), ('h_0', 'attn')]
-    >>> module_variants(("wte",), linen_lists=True)
-    [('wte',)]
-    >>> module_variants(("proj_out",), False, {"proj_out": "lm_head"})
-    [('lm_head',)]
-    """
-    if renames:
-        module = tuple(renames.get(part, part) for part in module)
-    module = tuple(part for part in module if part != LAYER)  # A stack: the layers' module.
-    linen: list[str] = []
-    for part in module:
-        if part.isdigit() and linen:
-            linen[-1] = f"{linen[-1]}_{part}"
-        else:
-            linen.append(part)
-    variants = [module, tuple(linen)]
-    if linen_lists:
-        variants.reverse()
-    return list(dict.fromkeys(variants))
-
-
-def torch_name(
-    path: tuple[str, ...], ndim: int, collection: str | None, rules: Rules
-) -> tuple[str, Perm | None]:
-    """The PyTorch name of the Flax leaf at ``path`` (collection removed) and the
-    PyTorch -> Flax permutation it was stored with: the first rule whose Flax
-    side (collection, leaf name, rank) matches; otherwise the name is kept. A
-    ``None`` collection (a tree without collections) matches any.
-
-    >>> torch_name(("h_0", "mlp", "kernel"), 2, "params", Rules(linen_lists=True))
-    ('h.0.mlp.weight', (1, 0))
-    >>> torch_name(("bn", "mean"), 1, "batch_stats", Rules())
-    ('bn.running_mean', None)
-    """
-    *module, name = path
-    if rules.linen_lists:
-        module = [p for part in module for p in _split_list_item(part)]
-    if rules.modules:
-        back = {flax: torch for torch, flax in rules.modules.items()}
-        module = [back.get(part, part) for part in module]
-    stack = _stack_of(module, rules) if ndim else None
-    if stack is not None:  # The layers' rules, the layer axis lifted out of the way.
-        prefix, axis = stack
-        module = [*module[:prefix], LAYER, *module[prefix:]]
-        ndim -= 1
-    perm: Perm | None = None
-    for rule in rules.rules:
-        if rule.flax == name and collection in (None, rule.collection) and rule.fits(ndim):
-            name, perm = rule.torch, rule.perm(ndim)
-            break
-    if stack is not None:
-        perm = lift(perm, ndim, stack[1])
-    return ".".join([*module, name]), perm
-
-
-def _stack_of(module: list[str], rules: Rules) -> tuple[int, int] | None:
-    """``(length of the prefix, Flax axis)`` of the stack a module is in, if any."""
-    for prefix, axis in sorted(rules.stacks.items(), key=lambda item: -len(item[0])):
-        parts = prefix.split(".")
-        if module[: len(parts)] == parts:
-            return len(parts), axis
-    return None
-
-
-def _split_list_item(part: str) -> list[str]:
-    m = _LIST_ITEM.match(part)
-    if m is None:
-        return [part]
-    return [m.group(1), *m.group(2)[1:].split("_")]

@@ -34,24 +34,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bridge.layouts.layout import Family, Layout, as_layout, layout_rules
-from bridge.layouts.rules import (
-    Candidate,
-    Rules,
-    RulesArg,
-    TorchLeaf,
-    as_rules,
-    candidates,
-    guess_kind,
-    module_variants,
-)
+from bridge.layouts.rules import Rules, RulesArg, as_rules
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
+    LAYER,
     Perm,
     RetiedSource,
     StackedSource,
     compose,
     inverse,
     layer_prefixes,
+    lift,
     permute_shape,
     render,
     split,
@@ -75,6 +68,119 @@ __all__ = [
 ]
 
 FlaxPath = tuple[str, ...]
+
+
+def guess_kind(module: str, rules: Rules) -> str | None:
+    """The layer kind :attr:`Rules.layer_names` gives a module path such as
+    ``'transformer.wte'`` (by its last part), or ``None``.
+
+    >>> guess_kind("transformer.h.0.attn.c_attn", Rules()), guess_kind("enc", Rules())
+    ('conv1d', None)
+    """
+    return rules.layer_names.get(module.rpartition(".")[2]) if module else None
+
+
+@dataclass(frozen=True)
+class TorchLeaf:
+    """One PyTorch tensor as the rules see it.
+
+    Attributes:
+      key: the state-dict name, ``"h.0.attn.c_attn.weight"``.
+      shape: its shape.
+      layer: the kind of the module that owns it, ``None`` if unknown.
+      buffer: ``True`` for a buffer, ``False`` for a parameter, ``None`` if unknown.
+      stack: for a stack of layers (a key with ``{i}``, shape ``(L, *layer)``),
+        the Flax axis the layers go on; ``None``: not a stack, or (with ``like=``)
+        to be found from the target's shapes.
+    """
+
+    key: str
+    shape: tuple[int, ...]
+    layer: str | None = None
+    buffer: bool | None = None
+    stack: int | None = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether this is a stack of layers (its key has ``{i}``)."""
+        return LAYER in self.key.split(".")
+
+    @property
+    def module(self) -> tuple[str, ...]:
+        return tuple(self.key.split(".")[:-1])
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Where a tensor goes: its collection, Flax leaf name and axis permutation."""
+
+    collection: str
+    name: str
+    perm: Perm | None
+
+
+def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
+    """Every place ``leaf`` can go, best first, distinct.
+
+    The last candidate keeps the PyTorch name and layout, in ``params`` (or in
+    ``buffers`` for a known buffer).
+
+    >>> [(t.name, t.perm) for t in candidates(TorchLeaf("head.weight", (3, 2)), Rules())]
+    [('kernel', (1, 0)), ('kernel', None), ('embedding', None), ('scale', None), ('weight', None)]
+    >>> candidates(TorchLeaf("wte.weight", (3, 2), layer="embedding"), Rules())
+    [Candidate(collection='params', name='embedding', perm=None)]
+    """
+    ndim = len(leaf.shape) - leaf.stacked  # (A stack's rules are its layers'.)
+    axes = [leaf.stack or 0] if leaf.stacked else [None]
+    out: list[Candidate] = []
+    for rule in rules.rules:
+        if rule.torch != leaf.name or not rule.fits(ndim):
+            continue
+        if leaf.layer is not None and rule.layers and leaf.layer not in rule.layers:
+            continue
+        for axis in axes:
+            perm = rule.perm(ndim) if axis is None else lift(rule.perm(ndim), ndim, axis)
+            target = Candidate(rule.collection, rule.flax, perm)
+            if target not in out:
+                out.append(target)
+    if not out or leaf.layer is None:
+        perm = None if axes[0] is None else lift(None, ndim, axes[0])
+        fallback = Candidate("buffers" if leaf.buffer else "params", leaf.name, perm)
+        if fallback not in out:
+            out.append(fallback)
+    return out
+
+
+def module_variants(
+    module: tuple[str, ...], linen_lists: bool, renames: Mapping[str, str] | None = None
+) -> list[tuple[str, ...]]:
+    """The Flax spellings of a PyTorch module path, preferred first (``renames``:
+    PyTorch module name -> Flax module name, :attr:`Rules.modules`).
+
+    >>> module_variants(("h", "0", "attn"), linen_lists=False)
+    [('h', '0', 'attn'), ('h_0', 'attn')]
+    >>> module_variants(("wte",), linen_lists=True)
+    [('wte',)]
+    >>> module_variants(("proj_out",), False, {"proj_out": "lm_head"})
+    [('lm_head',)]
+    """
+    if renames:
+        module = tuple(renames.get(part, part) for part in module)
+    module = tuple(part for part in module if part != LAYER)  # A stack: the layers' module.
+    linen: list[str] = []
+    for part in module:
+        if part.isdigit() and linen:
+            linen[-1] = f"{linen[-1]}_{part}"
+        else:
+            linen.append(part)
+    variants = [module, tuple(linen)]
+    if linen_lists:
+        variants.reverse()
+    return list(dict.fromkeys(variants))
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,17 @@ module (``like=``) touches torch, through that module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bridge.layouts.layout import Layout, as_layout, layout_rules
-from bridge.layouts.rules import Rules, RulesArg, as_rules, torch_name
+from bridge.layouts.rules import Rules, RulesArg, as_rules
 from bridge.naming.flax_placement import place_in, stack_layers, torch_leaves
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
+    LAYER,
     Perm,
     as_alias_map,
     compose,
@@ -33,6 +35,7 @@ from jaxshare.internal import (
     is_nnx_module,
     is_nnx_state,
     is_variable,
+    lift,
     nest,
     permute_shape,
     render,
@@ -59,6 +62,58 @@ __all__ = [
 
 
 _NNX_COLLECTIONS = {"Param": "params", "BatchStat": "batch_stats"}
+
+_LIST_ITEM = re.compile(r"^(.*?[^_\d].*?)((?:_\d+)+)$")
+
+
+def torch_name(
+    path: tuple[str, ...], ndim: int, collection: str | None, rules: Rules
+) -> tuple[str, Perm | None]:
+    """The PyTorch name of the Flax leaf at ``path`` (collection removed) and the
+    PyTorch -> Flax permutation it was stored with: the first rule whose Flax
+    side (collection, leaf name, rank) matches; otherwise the name is kept. A
+    ``None`` collection (a tree without collections) matches any.
+
+    >>> torch_name(("h_0", "mlp", "kernel"), 2, "params", Rules(linen_lists=True))
+    ('h.0.mlp.weight', (1, 0))
+    >>> torch_name(("bn", "mean"), 1, "batch_stats", Rules())
+    ('bn.running_mean', None)
+    """
+    *module, name = path
+    if rules.linen_lists:
+        module = [p for part in module for p in _split_list_item(part)]
+    if rules.modules:
+        back = {flax: torch for torch, flax in rules.modules.items()}
+        module = [back.get(part, part) for part in module]
+    stack = _stack_of(module, rules) if ndim else None
+    if stack is not None:  # The layers' rules, the layer axis lifted out of the way.
+        prefix, axis = stack
+        module = [*module[:prefix], LAYER, *module[prefix:]]
+        ndim -= 1
+    perm: Perm | None = None
+    for rule in rules.rules:
+        if rule.flax == name and collection in (None, rule.collection) and rule.fits(ndim):
+            name, perm = rule.torch, rule.perm(ndim)
+            break
+    if stack is not None:
+        perm = lift(perm, ndim, stack[1])
+    return ".".join([*module, name]), perm
+
+
+def _stack_of(module: list[str], rules: Rules) -> tuple[int, int] | None:
+    """``(length of the prefix, Flax axis)`` of the stack a module is in, if any."""
+    for prefix, axis in sorted(rules.stacks.items(), key=lambda item: -len(item[0])):
+        parts = prefix.split(".")
+        if module[: len(parts)] == parts:
+            return len(parts), axis
+    return None
+
+
+def _split_list_item(part: str) -> list[str]:
+    m = _LIST_ITEM.match(part)
+    if m is None:
+        return [part]
+    return [m.group(1), *m.group(2)[1:].split("_")]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,16 @@ from jaxshare.formats import Reader, TrainingState
 from jaxshare.internal import UsageError
 from jaxshare.stream import TensorSource
 
-__all__ = ["READERS", "Source", "expected", "open_source", "open_training", "opened", "reader_of"]
+__all__ = [
+    "READERS",
+    "Source",
+    "expected",
+    "find_reader",
+    "open_source",
+    "open_training",
+    "opened",
+    "reader_of",
+]
 
 if TYPE_CHECKING:
     import torch
@@ -53,10 +62,17 @@ def expected(readers: tuple[Reader, ...] = READERS) -> str:
     """What a path may be, as the one error that lists it says.
 
     >>> expected(READERS[-2:])
-    'a Flax .msgpack file or a Hugging Face directory or its index (*.index.json)'
+    'a Flax .msgpack file or a Hugging Face directory (or its *.index.json)'
     """
     whats = [r.what for r in readers]
     return whats[0] if len(whats) == 1 else f"{', '.join(whats[:-1])} or {whats[-1]}"
+
+
+def find_reader(path: str | os.PathLike) -> Reader | None:
+    """The first of :data:`READERS` that accepts ``path``; ``None`` where none does
+    (or nothing is there)."""
+    path = Path(path)
+    return next((reader for reader in READERS if reader.accepts(path)), None)
 
 
 def reader_of(path: str | os.PathLike) -> Reader:
@@ -77,9 +93,9 @@ def reader_of(path: str | os.PathLike) -> Reader:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory.")
-    for reader in READERS:
-        if reader.accepts(path):
-            return reader
+    reader = find_reader(path)
+    if reader is not None:
+        return reader
     found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
     raise UsageError(f"{path}: expected {expected()}; found {found}.")
 
@@ -167,7 +183,7 @@ def open_training(source: Any, rules: Rules | None = None) -> TrainingState:
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory.")
-    reader = next((r for r in READERS if r.accepts(path)), None)
+    reader = find_reader(path)
     if reader is None or reader.open_training is None:
         training = expected(tuple(r for r in READERS if r.open_training is not None))
         found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"

@@ -47,7 +47,7 @@ from jaxshare.io.mapped import map_file, read_direct
 from jaxshare.io.threads import parallel_map
 from jaxshare.io.transpose import contiguous_transpose
 
-__all__ = ["Chunk", "ChunkStore", "DirectArray", "Layout"]
+__all__ = ["Chunk", "ChunkStore", "DirectArray", "Chunking"]
 
 #: The size of a shard index entry: offset and length, both ``uint64le``.
 _SHARD_ENTRY = 16
@@ -243,7 +243,7 @@ def _split_location(location: str) -> tuple[str, str, str, int, int]:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Chunking:
     """How an array's chunks are stored: what :class:`DirectArray` decodes.
 
     Attributes:
@@ -264,8 +264,8 @@ class Layout:
     shard: tuple[tuple[int, ...], bool] | None = None
 
     @classmethod
-    def of(cls, name: str, meta: dict[str, Any]) -> Layout | None:
-        """The layout of the array stored as ``name`` with zarr metadata ``meta``;
+    def of(cls, name: str, meta: dict[str, Any]) -> Chunking | None:
+        """The chunking of the array stored as ``name`` with zarr metadata ``meta``;
         ``None`` where it is not one this module decodes."""
         try:
             if meta.get("zarr_format") == 2:
@@ -277,7 +277,7 @@ class Layout:
         return None
 
     @classmethod
-    def _zarr2(cls, name: str, meta: dict[str, Any]) -> Layout | None:
+    def _zarr2(cls, name: str, meta: dict[str, Any]) -> Chunking | None:
         compressor = meta.get("compressor")
         if meta.get("filters") is not None or meta.get("order", "C") != "C":
             return None
@@ -302,7 +302,7 @@ class Layout:
         )
 
     @classmethod
-    def _zarr3(cls, name: str, meta: dict[str, Any]) -> Layout | None:
+    def _zarr3(cls, name: str, meta: dict[str, Any]) -> Chunking | None:
         dtype = _dtype3(meta.get("data_type"))
         if dtype is None:
             return None
@@ -402,11 +402,11 @@ class DirectArray:
     Args:
       store: the item's stored values.
       name: the array's Orbax name (the key prefix of its chunks).
-      layout: how its chunks are stored.
+      chunking: how its chunks are stored.
     """
 
-    def __init__(self, store: ChunkStore, name: str, layout: Layout) -> None:
-        self.store, self.name, self.layout = store, name, layout
+    def __init__(self, store: ChunkStore, name: str, chunking: Chunking) -> None:
+        self.store, self.name, self.chunking = store, name, chunking
         self._shards: dict[str, tuple[Chunk, bytes]] = {}  # key: (where, its index)
         self._lock = threading.Lock()
 
@@ -416,16 +416,16 @@ class DirectArray:
         meta = store.read_json(f"{name}/zarr.json" if zarr3 else f"{name}/.zarray")
         if meta is None:
             return None
-        layout = Layout.of(name, meta)
-        return None if layout is None else cls(store, name, layout)
+        chunking = Chunking.of(name, meta)
+        return None if chunking is None else cls(store, name, chunking)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.layout.shape
+        return self.chunking.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.layout.dtype
+        return self.chunking.dtype
 
     def read(
         self,
@@ -441,10 +441,10 @@ class DirectArray:
           ValueError: a step in ``region``; a chunk is missing, cut short or
             holds more than its size (each names the chunk's key).
         """
-        layout = self.layout
-        bounds = _bounds(region, layout.shape)
+        chunking = self.chunking
+        bounds = _bounds(region, chunking.shape)
         sub = tuple(stop - start for start, stop in bounds)
-        target = layout.dtype if dtype is None else np.dtype(dtype)
+        target = chunking.dtype if dtype is None else np.dtype(dtype)
         out = empty_array(permute_shape(sub, perm), target)
         where = out if perm is None else out.transpose(inverse(perm))  # In the array's axes.
         jobs = list(self._pieces(bounds))
@@ -469,13 +469,13 @@ class DirectArray:
         Raises:
           ValueError: as :meth:`read`, from the bands.
         """
-        layout = self.layout
-        if not layout.shape or not all(
-            c >= n for c, n in zip(layout.chunks[1:], layout.shape[1:], strict=True)
+        chunking = self.chunking
+        if not chunking.shape or not all(
+            c >= n for c, n in zip(chunking.chunks[1:], chunking.shape[1:], strict=True)
         ):
             return None
-        out = empty_array(layout.shape, layout.dtype)
-        jobs = list(self._pieces(_bounds(None, layout.shape)))
+        out = empty_array(chunking.shape, chunking.dtype)
+        jobs = list(self._pieces(_bounds(None, chunking.shape)))
 
         def fill(job: tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]) -> None:
             grid, inside, at = job
@@ -496,38 +496,38 @@ class DirectArray:
         zstd chunk decoded as a stream into blocks of about ``block_bytes``, so no
         block holds more than that; else a band of chunks at a time. With
         ``perm``, the transposed array whole."""
-        layout = self.layout
-        if perm is not None or not layout.shape or not layout.shape[0]:
+        chunking = self.chunking
+        if perm is not None or not chunking.shape or not chunking.shape[0]:
             yield self.read(perm=perm)
             return
-        band = layout.chunks[0]
-        rest = layout.shape[1:]
-        whole_rows = all(c >= n for c, n in zip(layout.chunks[1:], rest, strict=True))
-        row_bytes = math.prod(layout.chunks[1:]) * layout.dtype.itemsize
-        for start in range(0, layout.shape[0], band):
-            stop = min(start + band, layout.shape[0])
+        band = chunking.chunks[0]
+        rest = chunking.shape[1:]
+        whole_rows = all(c >= n for c, n in zip(chunking.chunks[1:], rest, strict=True))
+        row_bytes = math.prod(chunking.chunks[1:]) * chunking.dtype.itemsize
+        for start in range(0, chunking.shape[0], band):
+            stop = min(start + band, chunking.shape[0])
             if not whole_rows:
                 yield self.read((slice(start, stop),))
                 continue
             grid = (start // band, *([0] * len(rest)))
             chunk = self._chunk(grid)
-            where = self._where(layout.key(grid))
+            where = self._where(chunking.key(grid))
             trim = (slice(None), *(slice(0, n) for n in rest))
-            if not layout.zstd:
-                if chunk.length != layout.chunk_bytes:
+            if not chunking.zstd:
+                if chunk.length != chunking.chunk_bytes:
                     raise ValueError(self._raw_size(where, chunk.length))
-                rows = self.store.data(chunk)[: (stop - start) * row_bytes].view(layout.dtype)
-                yield rows.reshape((stop - start, *layout.chunks[1:]))[trim]
+                rows = self.store.data(chunk)[: (stop - start) * row_bytes].view(chunking.dtype)
+                yield rows.reshape((stop - start, *chunking.chunks[1:]))[trim]
                 continue
             step = max(1, block_bytes // max(1, row_bytes))
             source = self.store.data(chunk).data
             with zstandard.ZstdDecompressor().stream_reader(source) as reader:
                 for lo in range(start, stop, step):
                     hi = min(lo + step, stop)
-                    block = empty_array((hi - lo, *layout.chunks[1:]), layout.dtype)
+                    block = empty_array((hi - lo, *chunking.chunks[1:]), chunking.dtype)
                     _read_fully(reader, block.reshape(-1).view(np.uint8), where)
                     yield block[trim]
-                _check_end(reader, layout.chunk_bytes - (stop - start) * row_bytes, where)
+                _check_end(reader, chunking.chunk_bytes - (stop - start) * row_bytes, where)
             self.store.let_go(chunk)
 
     # -- the chunks ------------------------------------------------------------------
@@ -537,7 +537,7 @@ class DirectArray:
     ) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]]:
         """For each chunk the region meets: its grid index, the part of it inside
         the region (in chunk coordinates) and where that goes (in the region's)."""
-        chunks = self.layout.chunks
+        chunks = self.chunking.chunks
         ranges = [
             range(start // c, -(-stop // c)) if stop > start else range(0)
             for (start, stop), c in zip(bounds, chunks, strict=True)
@@ -552,24 +552,24 @@ class DirectArray:
 
     def _chunk(self, grid: tuple[int, ...]) -> Chunk:
         """Where the chunk at ``grid`` lies (inside its shard, for a sharded array)."""
-        layout = self.layout
-        if layout.shard is None:
-            key = layout.key(grid)
+        chunking = self.chunking
+        if chunking.shard is None:
+            key = chunking.key(grid)
             chunk = self.store.get(key)
             if chunk is None:
                 raise ValueError(self._missing(key))
             return chunk
-        per_shard, _ = layout.shard
+        per_shard, _ = chunking.shard
         outer = tuple(g // n for g, n in zip(grid, per_shard, strict=True))
-        value, index = self._shard(layout.key(outer))
+        value, index = self._shard(chunking.key(outer))
         inner = tuple(g % n for g, n in zip(grid, per_shard, strict=True))
         position = int(np.ravel_multi_index(inner, per_shard)) if per_shard else 0
         offset, length = struct.unpack_from("<QQ", index, position * _SHARD_ENTRY)
         if offset == length == _MISSING:
-            raise ValueError(self._missing(f"{layout.key(outer)} (chunk {list(inner)})"))
+            raise ValueError(self._missing(f"{chunking.key(outer)} (chunk {list(inner)})"))
         if offset + length > value.length:
             raise ValueError(
-                f"{self._where(layout.key(outer))}: a chunk lies past the end of its shard."
+                f"{self._where(chunking.key(outer))}: a chunk lies past the end of its shard."
             )
         if value.inline is not None:
             return Chunk(None, 0, length, value.inline[offset : offset + length])
@@ -582,8 +582,8 @@ class DirectArray:
             found = self._shards.get(key)
         if found is not None:
             return found
-        assert self.layout.shard is not None
-        per_shard, at_end = self.layout.shard
+        assert self.chunking.shard is not None
+        per_shard, at_end = self.chunking.shard
         value = self.store.get(key)
         if value is None:
             raise ValueError(self._missing(key))
@@ -610,31 +610,31 @@ class DirectArray:
         perm: Perm | None,
     ) -> None:
         """Puts the part ``inside`` of the chunk at ``grid`` at ``where[at]``."""
-        layout = self.layout
+        chunking = self.chunking
         chunk = self._chunk(grid)
-        where_key = self._where(layout.key(grid))
-        if not layout.zstd and chunk.length != layout.chunk_bytes:
+        where_key = self._where(chunking.key(grid))
+        if not chunking.zstd and chunk.length != chunking.chunk_bytes:
             raise ValueError(self._raw_size(where_key, chunk.length))
         target = self._contiguous(where, at, inside, out, perm)
         if target is not None:  # Its bytes go straight into place.
-            if layout.zstd:
+            if chunking.zstd:
                 self._decode(chunk, target, where_key)
             else:
                 self.store.read_into(replace(chunk, length=len(target)), target)
             return
-        if layout.zstd:
-            data = empty_array((layout.chunk_bytes,), np.dtype(np.uint8))
+        if chunking.zstd:
+            data = empty_array((chunking.chunk_bytes,), np.dtype(np.uint8))
             self._decode(chunk, data, where_key)
         else:  # Read where it lies, in the mapped file: copied once, into place.
             data = self.store.data(chunk)
-        piece = data.view(layout.dtype).reshape(layout.chunks)[inside]
+        piece = data.view(chunking.dtype).reshape(chunking.chunks)[inside]
         if perm is None:
             np.copyto(where[_index(at)], piece, casting="unsafe")
         else:  # Transposed into place, tile by tile.
             dest = out[_index(at[p] for p in perm)]
             src = piece if piece.dtype == out.dtype else piece.astype(out.dtype)
             contiguous_transpose(src, perm, out=dest, threads=False)  # (On parallel_map's.)
-        if not layout.zstd:
+        if not chunking.zstd:
             self.store.let_go(chunk)
 
     def _contiguous(
@@ -649,16 +649,18 @@ class DirectArray:
         bytes (from its start) are exactly those: no transpose or cast, the chunk
         whole but for rows past the array's end, and rows of the output's full
         width; ``None`` otherwise."""
-        layout = self.layout
-        if perm is not None or out.dtype != layout.dtype or not out.flags.c_contiguous:
+        chunking = self.chunking
+        if perm is not None or out.dtype != chunking.dtype or not out.flags.c_contiguous:
             return None
-        if not layout.shape:
+        if not chunking.shape:
             return out.reshape(-1).view(np.uint8)
         if any(s.start != 0 for s in inside):
             return None
         if any(
             s.stop != c or a.stop - a.start != n
-            for s, c, a, n in zip(inside[1:], layout.chunks[1:], at[1:], out.shape[1:], strict=True)
+            for s, c, a, n in zip(
+                inside[1:], chunking.chunks[1:], at[1:], out.shape[1:], strict=True
+            )
         ):
             return None
         region = where[_index(at)]
@@ -686,14 +688,14 @@ class DirectArray:
         frame = read_direct(self.store.data(chunk))
         with zstandard.ZstdDecompressor().stream_reader(frame.data) as reader:
             _read_fully(reader, target, where)
-            _check_end(reader, self.layout.chunk_bytes - len(target), where)
+            _check_end(reader, self.chunking.chunk_bytes - len(target), where)
         self.store.let_go(chunk)
 
     def _raw_size(self, where: str, size: int) -> str:
-        layout = self.layout
+        chunking = self.chunking
         return (
-            f"{where}: a raw chunk of {size} bytes, expected {layout.chunk_bytes} (chunk "
-            f"shape {list(layout.chunks)}, {layout.dtype}). The item is damaged."
+            f"{where}: a raw chunk of {size} bytes, expected {chunking.chunk_bytes} (chunk "
+            f"shape {list(chunking.chunks)}, {chunking.dtype}). The item is damaged."
         )
 
     def _missing(self, key: str) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from jaxshare.checkpoint._chunks import ChunkStore, Layout
+from jaxshare.checkpoint._chunks import Chunking, ChunkStore
 from jaxshare.checkpoint._empty import EmptyArray, parse_record
 from jaxshare.core.alias import MAX_JSON_BYTES, AliasMap
 from jaxshare.core.naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
@@ -237,9 +237,9 @@ def _read_metadata(item_dir: Path) -> _Metadata:
     chunks = ChunkStore(item_dir, use_ocdbt=use_ocdbt)
     for path, name in names.items():
         meta = chunks.read_json(f"{name}/zarr.json" if use_zarr3 else f"{name}/.zarray")
-        layout = None if meta is None else Layout.of(name, meta)
-        if layout is not None:
-            stored[path] = ArrayInfo(layout.shape, layout.dtype.name)
+        chunking = None if meta is None else Chunking.of(name, meta)
+        if chunking is not None:
+            stored[path] = ArrayInfo(chunking.shape, chunking.dtype.name)
     opening = {
         path: ts.open(array_spec(item_dir, name, use_zarr3, use_ocdbt), open=True, context=context)
         for path, name in names.items()

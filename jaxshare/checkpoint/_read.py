@@ -81,7 +81,7 @@ class LeafReader:
             return None
         direct = self.direct(path)
         if direct is not None:
-            return direct.layout.chunks
+            return direct.chunking.chunks
         shape = self._open(path).chunk_layout.read_chunk.shape
         return None if shape is None or None in shape else tuple(int(n or 0) for n in shape)
 

@@ -119,10 +119,15 @@ class AliasMap(Mapping[str, str]):
         self._hash: int | None = None
 
     @classmethod
-    def _resolved(cls, aliases: dict[str, str]) -> AliasMap:
-        """A map from ``aliases`` already checked and resolved (valid paths, no
-        self-alias, no canonical that is an alias), without transforms: what
-        :func:`jaxshare.find_shared` builds, skipping the checks it made."""
+    def checked(cls, aliases: dict[str, str]) -> AliasMap:
+        """A map from ``aliases`` that the caller has checked and resolved already
+        (valid paths, no self-alias, no canonical that is an alias), without
+        transforms: what :func:`jaxshare.find_shared` builds, skipping the checks
+        it made. Anything else is :class:`AliasMap`'s own constructor's to check.
+
+        >>> AliasMap.checked({"b": "a"})
+        AliasMap({'b': 'a'})
+        """
         self = cls.__new__(cls)
         self._aliases = {a: aliases[a] for a in sorted(aliases)}
         self._transforms = {}

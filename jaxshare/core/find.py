@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxshare.core import nnx as _nnx
 from jaxshare.core.alias import AliasMap, check_path
-from jaxshare.core.leafkey import By, _identity_key, is_array, key_function
+from jaxshare.core.leafkey import By, identity_key, is_array, key_function
 from jaxshare.core.paths import SEP, keypath_to_path, render
 
 __all__ = ["find_shared", "Prefer"]
@@ -91,7 +91,7 @@ def find_shared(
     aliases: dict[str, str]
     canonicals: list[str]
     groups: list[list[int]] | None
-    if keyfn is _identity_key:
+    if keyfn is identity_key:
         members, starts = _tied_by_identity(leaves)
         if rank is None:  # The hot path: canonical = first in flatten order, at C speed.
             canonicals = list(map(path_of, members[starts].tolist()))
@@ -128,7 +128,7 @@ def find_shared(
         _raise_clash([[path_of(i) for i in group] for group in groups])
     # Every path is checked and distinct, and no canonical is an alias: the map
     # needs no resolving.
-    return AliasMap._resolved(aliases)
+    return AliasMap.checked(aliases)
 
 
 def _raise_clash(groups: list[list[str]]) -> None:

@@ -16,7 +16,7 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxshare.core.memory import numpy_extent
 
-__all__ = ["By", "KeyFn", "is_array", "key_function"]
+__all__ = ["By", "KeyFn", "identity_key", "is_array", "key_function"]
 
 By = Literal["identity", "buffer"]
 KeyFn = Callable[[Any, Callable[[], str]], Hashable | None]
@@ -27,7 +27,7 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
 
 
-def _identity_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
+def identity_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
     return id(leaf) if is_array(leaf) else None
 
 
@@ -64,7 +64,7 @@ def _buffer_key(leaf: Any, where: Callable[[], str]) -> Hashable | None:
 def key_function(by: By) -> KeyFn:
     """The key function for ``by``; a clear error for anything else."""
     if by == "identity":
-        return _identity_key
+        return identity_key
     if by == "buffer":
         return _buffer_key
     raise ValueError(f"`by` must be 'identity' or 'buffer', got {by!r}.")

@@ -41,10 +41,10 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.hf.files import SAFE_INDEX as SAFE_INDEX
     from jaxshare.formats.hf.files import SAFE_WEIGHTS as SAFE_WEIGHTS
     from jaxshare.formats.hf.files import HFIndex as HFIndex
-    from jaxshare.formats.hf.files import HFLayout as HFLayout
+    from jaxshare.formats.hf.files import HFWeights as HFWeights
     from jaxshare.formats.hf.files import MODEL_ASSETS as MODEL_ASSETS
     from jaxshare.formats.hf.files import ModelFiles as ModelFiles
-    from jaxshare.formats.hf.files import hf_layout as hf_layout
+    from jaxshare.formats.hf.files import hf_weights as hf_weights
     from jaxshare.formats.hf.files import model_files as model_files
     from jaxshare.formats.hf.files import parse_size as parse_size
     from jaxshare.formats.hf.files import read_index as read_index
@@ -120,9 +120,9 @@ __getattr__, __dir__, __all__ = _exports(
             "SAFE_INDEX",
             "SAFE_WEIGHTS",
             "HFIndex",
-            "HFLayout",
+            "HFWeights",
             "ModelFiles",
-            "hf_layout",
+            "hf_weights",
             "model_files",
             "parse_size",
             "read_index",
@@ -176,4 +176,6 @@ __getattr__, __dir__, __all__ = _exports(
         ],
         "jaxshare.formats.weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
     },
+    # "Layout" is a model family's convention (bridge.Layout): these say what they are.
+    renamed={"HFLayout": "HFWeights", "hf_layout": "hf_weights"},
 )

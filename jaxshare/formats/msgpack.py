@@ -30,7 +30,7 @@ recurse without bound.
 view of its pages (bfloat16 and float8 included): memory holds no copy. A
 Hugging Face Flax checkpoint sharded into ``flax_model-0000k-of-0000N.msgpack``
 files, listed in ``flax_model.msgpack.index.json``, is a directory layout
-(:func:`jaxshare.formats.hf_layout`) whose shards are each such a file.
+(:func:`jaxshare.formats.hf_weights`) whose shards are each such a file.
 """
 
 from __future__ import annotations

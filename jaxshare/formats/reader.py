@@ -45,6 +45,8 @@ class Reader:
       opener: opens a path it accepts (see :meth:`open`).
       options: the keyword options ``opener`` takes beside the path (a Hugging
         Face directory's ``rules``).
+      records_ties: whether the kind records ties (a DCP folder does not: two
+        names of one tensor are stored twice, and a config declares the tie).
       holds_training: whether a path it accepts holds a training run's optimizer
         state; ``None`` where the kind never does.
       open_training: the weights and the optimizer state of a path it accepts.
@@ -59,6 +61,7 @@ class Reader:
     accepts: Callable[[Path], bool]
     opener: Callable[..., TensorSource] | None
     options: Collection[str] = ()
+    records_ties: bool = True
     holds_training: Callable[[Path], bool] | None = None
     open_training: Callable[[Path], TrainingState] | None = None
 

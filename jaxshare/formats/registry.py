@@ -54,7 +54,14 @@ def file_reader(
         check_not_a_shard(path)
         return opener(path)
 
-    return Reader(name, what, accepts, open_alone, (), holds_training, open_training)
+    return Reader(
+        name,
+        what,
+        accepts,
+        open_alone,
+        holds_training=holds_training,
+        open_training=open_training,
+    )
 
 
 #: The formats' readers, in the order a path is tried.
@@ -64,6 +71,7 @@ READERS: tuple[Reader, ...] = (
         "a PyTorch DCP directory",
         is_dcp_folder,
         DCPFolder,
+        records_ties=False,
         holds_training=is_dcp_training_folder,
         open_training=read_dcp_training,
     ),

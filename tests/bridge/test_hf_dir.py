@@ -180,10 +180,10 @@ def test_the_index_file_opens_the_directory(dirs):
     path = dirs["gpt2", "sharded"]
     with bridge.open_source(path / "model.safetensors.index.json") as source:
         assert isinstance(source, bridge.HFDirectory)
-        assert len(source.layout.files) > 1
+        assert len(source.weights.files) > 1
         assert dict(source.ties) == {"lm_head.weight": "transformer.wte.weight"}
     with bridge.open_source(dirs["gpt2", "bin"] / "pytorch_model.bin.index.json") as source:
-        assert source.layout.flavour == "bin"
+        assert source.weights.flavour == "bin"
     with bridge.open_source(dirs["gpt2", "bin"] / "config.json") as source:
         assert source.path == dirs["gpt2", "bin"]
 
@@ -196,7 +196,7 @@ def test_one_bin_file(models, tmp_path):
         "pytorch_model.bin",
     ]
     with bridge.open_source(tmp_path / "t5") as source:
-        assert source.layout.index is None and source.layout.flavour == "bin"
+        assert source.weights.index is None and source.weights.flavour == "bin"
         assert groups(source.ties) == groups(model.all_tied_weights_keys)
         assert set(source.origins.values()) == {"storage"}
     dst = bridge.save_hf(tmp_path / "out", tmp_path / "t5")

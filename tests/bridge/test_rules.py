@@ -9,7 +9,8 @@ from torch import nn as tnn
 
 import bridge
 from bridge import Rule, Rules, to_flax, to_torch
-from bridge.layouts.rules import TorchLeaf, candidates, module_variants, torch_name
+from bridge.naming.flax_placement import TorchLeaf, candidates, module_variants
+from bridge.naming.torch_naming import torch_name
 
 
 class Conv1D(tnn.Module):
@@ -277,9 +278,9 @@ def test_torch_names_of_flax_leaves(path, ndim, collection, expected):
     "make, error, match",
     [
         (
-            lambda: Rule("weight", "kernel", layout="sideways"),
+            lambda: Rule("weight", "kernel", axes="sideways"),
             ValueError,
-            "unknown `layout` 'sideways'",
+            "unknown `axes` 'sideways'",
         ),
         (lambda: Rule("a.weight", "kernel"), ValueError, "Rule `torch` must be one non-empty name"),
         (lambda: Rule("weight", ""), ValueError, "Rule `flax`"),
@@ -294,3 +295,9 @@ def test_torch_names_of_flax_leaves(path, ndim, collection, expected):
 def test_bad_rules_are_refused(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def test_the_old_name_of_a_rules_axes_still_works_and_says_so():
+    with pytest.warns(DeprecationWarning, match=r"`Rule\(layout=...\)` is now `Rule\(axes=...\)`"):
+        rule = Rule("weight", "kernel", layout="kernel")
+    assert rule == Rule("weight", "kernel", axes="kernel") and rule.perm(2) == (1, 0)

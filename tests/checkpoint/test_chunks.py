@@ -1,6 +1,6 @@
 """Arrays read from their stored chunks (``jaxshare.checkpoint._chunks``): the same
 values as TensorStore's own read -- whole, sliced, in blocks, transposed, cast --
-for every layout Orbax writes (zarr v2 and v3, sharded; OCDBT or files; zstd or
+for every way Orbax stores an array (zarr v2 and v3, sharded; OCDBT or files; zstd or
 raw; one chunk or many, edge chunks included), and damaged chunks refused in one
 line naming the chunk."""
 
@@ -85,7 +85,7 @@ def test_every_read_equals_tensorstores(tmp_path, zarr3, ocdbt, zstd, chunk_byte
     for name, array in arrays.items():
         direct = reader.direct(name)
         assert direct is not None, name
-        assert (direct.layout.zstd, direct.layout.shard is not None) == (zstd, zarr3)
+        assert (direct.chunking.zstd, direct.chunking.shard is not None) == (zstd, zarr3)
         want = _tensorstore(reader, name)
         np.testing.assert_array_equal(want, array)
         _same(reader.read(name), want)

@@ -31,7 +31,7 @@ from jaxshare.formats import (
     FLAX_WEIGHTS,
     WEIGHT_SUFFIXES,
     MsgpackFile,
-    hf_layout,
+    hf_weights,
     open_weights_file,
 )
 from jaxshare.formats.msgpack import DTYPES, MAX_DEPTH, MAX_RECORDS_BYTES, read_msgpack
@@ -288,21 +288,21 @@ def test_a_sharded_flax_directory_is_found_and_its_shards_read(tmp_path):
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (tmp_path / FLAX_INDEX).write_text(json.dumps(index))
     (tmp_path / "config.json").write_text("{}")
-    layout = hf_layout(tmp_path)
-    assert layout.flavour == "msgpack" and layout.index == tmp_path / FLAX_INDEX
-    assert layout.files == tuple(tmp_path / f for f in sorted(SHARDS))
+    weights = hf_weights(tmp_path)
+    assert weights.flavour == "msgpack" and weights.index == tmp_path / FLAX_INDEX
+    assert weights.files == tuple(tmp_path / f for f in sorted(SHARDS))
     read = {}
-    for file in layout.files:
+    for file in weights.files:
         with open_weights_file(file) as f:
             assert list(f.infos) == SHARDS[file.name]
             read.update({n: _bits(f.array(n)) for n in f.infos})
     assert read == {n: _bits(a) for n, a in flat.items()}
-    assert is_hf_directory(tmp_path) and hf_layout(tmp_path / FLAX_INDEX) == layout
+    assert is_hf_directory(tmp_path) and hf_weights(tmp_path / FLAX_INDEX) == weights
     with pytest.raises(ValueError, match=r"one shard of the 2 that flax_model.msgpack.index.json"):
-        check_not_a_shard(layout.files[0])
+        check_not_a_shard(weights.files[0])
     (tmp_path / FLAX_INDEX).unlink()
     with pytest.raises(ValueError, match=r"named as shard 1 of 2, but no index"):
-        check_not_a_shard(layout.files[0])
+        check_not_a_shard(weights.files[0])
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "transformers_flax"
@@ -317,11 +317,11 @@ def test_what_transformers_save_pretrained_wrote_reads_as_flax_reads_it(model):
     _check_against_flax(whole, unflatten_dict(want, sep="/"))
     if model != "bart":
         return
-    layout = hf_layout(FIXTURES / model / "flax_model_sharded")
-    assert layout.flavour == "msgpack" and len(layout.files) == 4 and layout.index is not None
-    weight_map = json.loads(layout.index.read_text())["weight_map"]
+    weights = hf_weights(FIXTURES / model / "flax_model_sharded")
+    assert weights.flavour == "msgpack" and len(weights.files) == 4 and weights.index is not None
+    weight_map = json.loads(weights.index.read_text())["weight_map"]
     read = {}
-    for file in layout.files:
+    for file in weights.files:
         with open_weights_file(file) as f:
             assert {weight_map[n] for n in f.infos} == {file.name}
             read.update({n: _bits(f.array(n)) for n in f.infos})
@@ -346,9 +346,9 @@ def test_a_directory_prefers_safetensors_then_bin_then_msgpack(tmp_path, files, 
         else:
             (tmp_path / name).write_bytes(b"")
     assert is_hf_directory(tmp_path)
-    layout = hf_layout(tmp_path)
-    assert (layout.index or layout.files[0]).name == found
-    assert layout.flavour == {"model.safetensors": "safetensors", "pytorch_model.bin": "bin"}.get(
+    weights = hf_weights(tmp_path)
+    assert (weights.index or weights.files[0]).name == found
+    assert weights.flavour == {"model.safetensors": "safetensors", "pytorch_model.bin": "bin"}.get(
         found, "msgpack"
     )
 
@@ -360,7 +360,7 @@ def test_an_index_of_shards_of_several_kinds_is_refused(tmp_path):
         json.dumps({"weight_map": {"w": "a.msgpack", "v": "b.safetensors"}})
     )
     with pytest.raises(ValueError, match=r"lists shards of several kinds \(.msgpack, .safet"):
-        hf_layout(tmp_path)
+        hf_weights(tmp_path)
 
 
 # -- hostile and broken files ------------------------------------------------------------

@@ -200,7 +200,7 @@ class DCPFolder(TensorSource):
         self.metadata = read_dcp_metadata(self.folder, max_bytes=max_metadata_bytes)
         self.top_level = self.metadata.top_level
         self._sizes = self._check_records()
-        self._training = self._training_layout()
+        self._training = self._holds_training()
         self.part = self._choose_part(part)
         self._items: dict[str, _Item] = {}
         self._objects: dict[str, str] = {}  # name -> fqn
@@ -328,7 +328,7 @@ class DCPFolder(TensorSource):
         header = data[offset + 8 : offset + 8 + min(n, 1 << 20)].tobytes()
         return b'"data_offsets"' in header and b'"DCP_SHARDING_INFO"' in header
 
-    def _training_layout(self) -> bool:
+    def _holds_training(self) -> bool:
         top = set(self.top_level)
         if _MODEL in top:
             return top - {_MODEL} <= TRAINING_STATE_KEYS

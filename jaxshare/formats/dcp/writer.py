@@ -171,7 +171,7 @@ class _Copy:
     info: ArrayInfo
 
 
-def _layout(plan: Plan) -> tuple[dict[str, list[str]], dict[str, list[_Copy]]]:
+def _records_of(plan: Plan) -> tuple[dict[str, list[str]], dict[str, list[_Copy]]]:
     """``(aliases sharing each entry's record, aliases written out after it)``, checked."""
     stored = {e.name: e for e in plan.entries}
     shared: dict[str, list[str]] = {name: [] for name in stored}
@@ -282,7 +282,7 @@ def write_dcp(
     >>> json.loads((out / "jaxshare_alias_map.json").read_text())["aliases"]
     {'head': 'wte'}
     """
-    shared, copies = _layout(plan)
+    shared, copies = _records_of(plan)
     total = len(plan.entries) + sum(map(len, copies.values()))
     fqns: dict[str, tuple[ArrayInfo, Record]] = {}
     done = 0

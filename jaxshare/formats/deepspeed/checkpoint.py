@@ -57,10 +57,10 @@ from jaxshare.formats.deepspeed.files import (
     ZERO3_MODEL_STATES_NAME,
     load_deepspeed_file,
     tag_folder,
-    unsupported_layout,
+    unsupported_parallelism,
 )
 from jaxshare.io.mapped import FileRange, file_extent
-from jaxshare.io.source import Index, TensorSource
+from jaxshare.io.source import Index, RecordedTie, TensorSource
 from jaxshare.io.threads import parallel_map
 
 __all__ = ["DeepSpeedCheckpoint", "Placement", "describe", "flat_pieces"]
@@ -164,6 +164,13 @@ class DeepSpeedCheckpoint(TensorSource):
       recovered: names ``zero_to_fp32`` leaves out that the stored ``module``
         holds (ZeRO-1/2 only): DeepSpeed records no frozen parameters under
         ZeRO-1, and its ``shared_params`` walk misses some ties.
+      placements: ``{name: Placement}``: where each stored tensor's elements
+        lie (in the ranks' flat partitions, or in the stored ``module``).
+      partitions: ``[rank][flat group]``: the ranks' fp32 partitions, mapped.
+      shapes: ``{name: shape}`` of the stored tensors.
+      optim_files: the ranks' optimizer-state files, in rank order.
+      optim_states: their unpickled ``optimizer_state_dict``, in rank order (what
+        :func:`jaxshare.formats.read_deepspeed_training` cuts the moments from).
 
     Raises:
       FileNotFoundError: ``path`` (or the tag folder) does not exist.
@@ -190,14 +197,14 @@ class DeepSpeedCheckpoint(TensorSource):
     def __init__(self, path: str | os.PathLike, /, *, tag: str | None = None) -> None:
         self.path = Path(path)
         self.folder, self.tag = tag_folder(self.path, tag)
-        self._optim_files: list[Path] = []
-        self._optim_states: list[dict[str, Any]] = []  # [rank]: `optimizer_state_dict`
-        self._sources: dict[str, Placement] = {}
+        self.optim_files: list[Path] = []
+        self.optim_states: list[dict[str, Any]] = []  # [rank]: `optimizer_state_dict`
+        self.placements: dict[str, Placement] = {}
         self._module: Mapping[str, np.ndarray] = {}
         self._frozen: list[Mapping[str, np.ndarray]] = []
-        self._parts: list[list[np.ndarray]] = []  # [rank][group]
+        self.partitions: list[list[np.ndarray]] = []  # [rank][group]
         self._dtypes: dict[str, np.dtype] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
         self.recovered: tuple[str, ...] = ()
         self._read_model_states()
         self._index_partitions()
@@ -208,10 +215,10 @@ class DeepSpeedCheckpoint(TensorSource):
     def _read_model_states(self) -> None:
         folder = self.folder
         for p in sorted(folder.iterdir()):
-            layout = unsupported_layout(p.name)
-            if layout:
+            parallelism = unsupported_parallelism(p.name)
+            if parallelism:
                 raise ValueError(
-                    f"{folder}: holds {p.name}, a file of {layout} checkpoint; only "
+                    f"{folder}: holds {p.name}, a file of {parallelism} checkpoint; only "
                     "data-parallel ZeRO checkpoints are supported (as by zero_to_fp32)."
                 )
         zero3 = sorted(
@@ -267,7 +274,7 @@ class DeepSpeedCheckpoint(TensorSource):
         return state
 
     def _add(self, name: str, source: Placement, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        if name in self._sources:
+        if name in self.placements:
             raise ValueError(
                 f"{self._first_file}: {name!r} is listed twice (as a buffer, frozen or "
                 "trainable parameter); the model states are inconsistent."
@@ -277,7 +284,7 @@ class DeepSpeedCheckpoint(TensorSource):
                 f"{self._first_file}: {name!r} has shape {list(shape)} but {source.numel} "
                 "elements are stored for it."
             )
-        self._sources[name], self._shapes[name], self._dtypes[name] = source, shape, dtype
+        self.placements[name], self.shapes[name], self._dtypes[name] = source, shape, dtype
 
     def _index_partitions(self) -> None:
         optim = sorted(
@@ -290,7 +297,7 @@ class DeepSpeedCheckpoint(TensorSource):
             self.world_size = int(self._first.get("dp_world_size") or 1)
             self._shared = _memory_ties(self._module)  # DeepSpeed records none here
             for name, t in self._module.items():
-                if name not in self._sources and name not in self._shared:
+                if name not in self.placements and name not in self._shared:
                     self._add(name, Placement("module", t.size), tuple(t.shape), t.dtype)
             return
         if not optim:
@@ -307,9 +314,9 @@ class DeepSpeedCheckpoint(TensorSource):
                 "prefix, from two runs; keep one run's files."
             )
         paths = _by_rank(self.folder, [(r, p) for r, p, *_ in optim], OPTIM_STATES_NAME)
-        self._optim_files = paths
+        self.optim_files = paths
         states = [self._optimizer_state(p) for p in paths]
-        self._optim_states = states
+        self.optim_states = states
         stage = _as_int(states[0].get("zero_stage"), paths[0], "zero_stage")
         counts = states[0].get("partition_count")
         world = max(counts) if isinstance(counts, list) and counts else counts
@@ -340,12 +347,12 @@ class DeepSpeedCheckpoint(TensorSource):
                     f"{path}: expected `{key}` (a list of flat tensors) in the optimizer "
                     f"state, found {describe(groups)}."
                 )
-            self._parts.append(groups)
+            self.partitions.append(groups)
         self._frozen_params()
         if stage == 3:
-            self._zero3_layout(paths)
+            self._zero3_partitions(paths)
         else:
-            self._zero2_layout(paths, states[0].get("param_alignment_paddings"))
+            self._zero2_partitions(paths, states[0].get("param_alignment_paddings"))
 
     def _optimizer_state(self, path: Path) -> dict[str, Any]:
         state = load_deepspeed_file(path)
@@ -392,7 +399,13 @@ class DeepSpeedCheckpoint(TensorSource):
                 t = frags[0]
                 self._add(name, Placement("frozen", t.size), tuple(t.shape), t.dtype)
 
-    def _group_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+    def group_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """``param_shapes``: one ``{name: shape}`` per flat group (ZeRO-3: per
+        sub-group), in the order the ranks' partitions hold them.
+
+        Raises:
+          ValueError: ``param_shapes`` is not that (one line naming the file).
+        """
         shapes = self._param_shapes
         if not isinstance(shapes, list) or not all(isinstance(g, Mapping) for g in shapes):
             raise ValueError(
@@ -401,9 +414,9 @@ class DeepSpeedCheckpoint(TensorSource):
             )
         return [{n: tuple(int(d) for d in s) for n, s in g.items()} for g in shapes]
 
-    def _zero2_layout(self, paths: list[Path], paddings: Any) -> None:
-        groups = self._group_shapes()
-        for path, parts in zip(paths, self._parts, strict=True):
+    def _zero2_partitions(self, paths: list[Path], paddings: Any) -> None:
+        groups = self.group_shapes()
+        for path, parts in zip(paths, self.partitions, strict=True):
             if len(parts) != len(groups):
                 raise ValueError(
                     f"{path}: {len(parts)} partition groups, but param_shapes lists "
@@ -417,13 +430,13 @@ class DeepSpeedCheckpoint(TensorSource):
                     f"{paths[0]}: group {g} has {len(pads)} alignment paddings for "
                     f"{len(shapes)} parameters."
                 )
-            dtype = self._parts[0][g].dtype
+            dtype = self.partitions[0][g].dtype
             offset = 0
             for i, (name, shape) in enumerate(shapes.items()):
                 numel = _numel(shape)
                 self._add(name, Placement("zero2", numel, g, offset), shape, dtype)
                 offset += numel + (int(pads[i]) if pads is not None else 0)
-            available = sum(parts[g].size for parts in self._parts)
+            available = sum(parts[g].size for parts in self.partitions)
             # DeepSpeed's own check, and the last parameter must be there whole.
             if offset > available or -(-offset // align) != -(-available // align):
                 raise ValueError(
@@ -431,16 +444,16 @@ class DeepSpeedCheckpoint(TensorSource):
                     f"ranks' partitions hold {available}; a file is damaged or from another run."
                 )
 
-    def _zero3_layout(self, paths: list[Path]) -> None:
-        groups = self._group_shapes()
-        sizes = [t.size for t in self._parts[0]]
-        for path, parts in zip(paths, self._parts, strict=True):
+    def _zero3_partitions(self, paths: list[Path]) -> None:
+        groups = self.group_shapes()
+        sizes = [t.size for t in self.partitions[0]]
+        for path, parts in zip(paths, self.partitions, strict=True):
             if [t.size for t in parts] != sizes or any(t.dtype != parts[0].dtype for t in parts):
                 raise ValueError(
                     f"{path}: its flat groups differ from rank 0's in size or dtype; a file is "
                     "damaged or from another run."
                 )
-        dtype = self._parts[0][0].dtype if sizes else _FLOAT32
+        dtype = self.partitions[0][0].dtype if sizes else _FLOAT32
         offset = 0
         for shapes in groups:
             for name, shape in shapes.items():
@@ -462,7 +475,9 @@ class DeepSpeedCheckpoint(TensorSource):
         # As zero_to_fp32: an alias of a rebuilt tensor is that tensor. A name
         # stored in its own right keeps its own values.
         aliases = {
-            a: c for a, c in self._shared.items() if c in self._sources and a not in self._sources
+            a: c
+            for a, c in self._shared.items()
+            if c in self.placements and a not in self.placements
         }
         self.origins: dict[str, str] = dict.fromkeys(
             aliases, "storage" if self.stage == 0 else "shared_params"
@@ -473,17 +488,25 @@ class DeepSpeedCheckpoint(TensorSource):
             self.ties = AliasMap(aliases)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{self._first_file}: invalid `shared_params`: {e}") from None
+        # What DeepSpeed records and the weights do not take: for `check` to hold.
+        self.unapplied_ties = tuple(
+            RecordedTie(a, c, "shared_params")
+            for a, c in self._shared.items()
+            if isinstance(a, str) and isinstance(c, str) and a not in self.ties
+        )
         self.parts = tuple(
             f"{p.parent.name}/{p.name}: {format_bytes(p.stat().st_size)}"
-            for p in [*self._model_files, *self._optim_files]
+            for p in [*self._model_files, *self.optim_files]
         )
-        wanted = self._sources.keys() | aliases.keys()
+        wanted = self.placements.keys() | aliases.keys()
         order = [n for n in self._module if n in wanted]
         seen = set(order)
-        order += [n for n in [*self._sources, *aliases] if n not in seen]
+        order += [n for n in [*self.placements, *aliases] if n not in seen]
         self.names: tuple[str, ...] = tuple(order)
         self.infos: dict[str, ArrayInfo] = {
-            n: ArrayInfo(self._shapes[n], self._dtypes[n].name) for n in order if n in self._sources
+            n: ArrayInfo(self.shapes[n], self._dtypes[n].name)
+            for n in order
+            if n in self.placements
         }
 
     def _recover(self, aliases: dict[str, str]) -> None:
@@ -497,7 +520,7 @@ class DeepSpeedCheckpoint(TensorSource):
         """
         ties = _memory_ties(self._module)
         for name, t in self._module.items():
-            if name in self._sources or name in aliases:
+            if name in self.placements or name in aliases:
                 continue
             canonical = ties.get(name)
             if canonical is not None:  # earlier in the module, so already placed
@@ -529,7 +552,7 @@ class DeepSpeedCheckpoint(TensorSource):
         if source.kind == "frozen":
             frags = [f[name] for f in self._frozen]
             return _one_piece(frags[0]) if self.stage < 3 else _window(frags, 0, source.numel)
-        return flat_pieces(source, self._parts, self.world_size)
+        return flat_pieces(source, self.partitions, self.world_size)
 
     def blocks(self, name: str) -> Iterator[np.ndarray]:
         """:meth:`pieces`: writers stream them with no copy."""
@@ -548,9 +571,9 @@ class DeepSpeedCheckpoint(TensorSource):
         name = self.shared_params.get(name, name)
         pieces = self.pieces(name)
         if not pieces:
-            return np.empty(self._shapes[name], self._dtypes[name])
+            return np.empty(self.shapes[name], self._dtypes[name])
         flat = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
-        return flat.reshape(self._shapes[name])
+        return flat.reshape(self.shapes[name])
 
     def read(self, name: str, /) -> Any:
         """:meth:`array`, a numpy array (``bridge.DeepSpeedCheckpoint`` gives torch
@@ -578,7 +601,7 @@ class DeepSpeedCheckpoint(TensorSource):
 
     def _source(self, name: str) -> Placement:
         try:
-            return self._sources[name]
+            return self.placements[name]
         except KeyError:
             hint = (
                 f"it is an alias of {self.shared_params[name]!r}"
@@ -590,8 +613,8 @@ class DeepSpeedCheckpoint(TensorSource):
     def close(self) -> None:
         """Lets go of the mapped files (also done on leaving a ``with`` block);
         tensors already returned stay valid."""
-        self._module, self._frozen, self._parts, self._first = {}, [], [], {}
-        self._optim_states = []
+        self._module, self._frozen, self.partitions, self._first = {}, [], [], {}
+        self.optim_states = []
 
     def __repr__(self) -> str:
         return (

@@ -39,7 +39,7 @@ __all__ = [
     "is_deepspeed_folder",
     "load_deepspeed_file",
     "tag_folder",
-    "unsupported_layout",
+    "unsupported_parallelism",
 ]
 
 #: The file beside the tag folders that names the last one saved.
@@ -49,7 +49,7 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 #: Each data-parallel rank's model states under ZeRO-3, as a pattern and as messages name it.
 ZERO3_MODEL_STATES = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt")
 ZERO3_MODEL_STATES_NAME = "zero_pp_rank_R_mp_rank_00_model_states.pt"
-#: Any model-states file (of any stage or layout).
+#: Any model-states file (of any stage or parallelism).
 MODEL_STATES_GLOB = "*model_states.pt"
 #: Each data-parallel rank's optimizer file under ZeRO-1/2/3 (``bf16_`` under the bf16
 #: optimizer), as a pattern and as messages name it.
@@ -57,7 +57,7 @@ OPTIM_STATES = re.compile(r"(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_state
 OPTIM_STATES_NAME = "zero_pp_rank_R_mp_rank_00_optim_states.pt"
 #: What a tag may be: a name inside the folder.
 _TAG = re.compile(r"[^/\\\x00]+")
-#: file name prefixes of layouts zero_to_fp32 cannot consolidate either
+#: file name prefixes of the parallelisms zero_to_fp32 cannot consolidate either
 _UNSUPPORTED = {"layer_": "a pipeline-parallel", "expp_rank_": "an expert-parallel (MoE)"}
 
 
@@ -106,19 +106,21 @@ def tag_folder(path: Path, tag: str | None) -> tuple[Path, str]:
     return folder, tag
 
 
-def unsupported_layout(name: str) -> str | None:
-    """The layout a file named ``name`` belongs to if ``zero_to_fp32`` cannot
+def unsupported_parallelism(name: str) -> str | None:
+    """The parallelism a file named ``name`` belongs to if ``zero_to_fp32`` cannot
     consolidate it either (``"a tensor-parallel"``, ``"a pipeline-parallel"``, ...);
     ``None`` for a data-parallel file.
 
-    >>> unsupported_layout("layer_01-model_00-model_states.pt"), unsupported_layout(MODEL_STATES)
-    ('a pipeline-parallel', None)
+    >>> unsupported_parallelism("layer_01-model_00-model_states.pt")
+    'a pipeline-parallel'
+    >>> unsupported_parallelism(MODEL_STATES) is None
+    True
     """
-    layout = next((v for k, v in _UNSUPPORTED.items() if name.startswith(k)), None)
+    kind = next((v for k, v in _UNSUPPORTED.items() if name.startswith(k)), None)
     mp = re.search(r"mp_rank_(\d+)", name)
     if mp and int(mp[1]) != 0:
-        layout = "a tensor-parallel"
-    return layout
+        kind = "a tensor-parallel"
+    return kind
 
 
 # -- DeepSpeed's classes, as inert stand-ins --------------------------------------------

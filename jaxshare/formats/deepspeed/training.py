@@ -13,7 +13,7 @@ belongs to, and the torch ``param_groups`` with their hyper-parameters.
   ``fp32_flat_groups``, and each group's ``params`` list its sub-groups.
 
 :func:`read_deepspeed_training` cuts each parameter's moments out of the ranks'
-flat tensors with the very layout :class:`~jaxshare.formats.DeepSpeedCheckpoint`
+flat tensors partitioned exactly as :class:`~jaxshare.formats.DeepSpeedCheckpoint`
 uses for the fp32 masters (``param_shapes`` order, the ranks end to end), so a
 moment and its weight always agree. Files are unpickled by the same restricted
 unpickler (no pickle code runs), mapped, and tensors assembled only when asked
@@ -79,15 +79,15 @@ class DeepSpeedSlot(TensorSource):
         self,
         path: Path,
         slot: str,
-        layout: Mapping[str, Placement],
+        places: Mapping[str, Placement],
         shapes: Mapping[str, tuple[int, ...]],
         parts: list[list[np.ndarray]],
         world_size: int,
     ) -> None:
         self.path, self.slot = path, slot
-        self._layout, self._parts, self._world = dict(layout), parts, world_size
+        self._places, self._parts, self._world = dict(places), parts, world_size
         dtype = parts[0][0].dtype.name if parts and parts[0] else "float32"
-        self._shapes = {n: shapes[n] for n in self._layout}
+        self._shapes = {n: shapes[n] for n in self._places}
         self.infos: dict[str, ArrayInfo] = {n: ArrayInfo(s, dtype) for n, s in self._shapes.items()}
 
     def pieces(self, name: str, /) -> list[np.ndarray]:
@@ -98,11 +98,11 @@ class DeepSpeedSlot(TensorSource):
           KeyError: ``name`` has no such state (a frozen parameter, an alias).
         """
         try:
-            source = self._layout[name]
+            source = self._places[name]
         except KeyError:
             raise KeyError(
                 f"{self.path}: {name!r} has no `{self.slot}`; the parameters that have "
-                f"are {list(self._layout)[:5]}..."
+                f"are {list(self._places)[:5]}..."
             ) from None
         return flat_pieces(source, self._parts, self._world)
 
@@ -200,19 +200,19 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
             f"optimizer state is DeepSpeed's own wrapper in {MODEL_STATES}); "
             "expected a ZeRO-1, 2 or 3 folder."
         )
-    stage, files = ckpt.stage, ckpt._optim_files
-    if any("ds_zero_partition_groups" in inner for inner in ckpt._optim_states):
+    stage, files = ckpt.stage, ckpt.optim_files
+    if any("ds_zero_partition_groups" in inner for inner in ckpt.optim_states):
         raise ValueError(
             f"{files[0]}: a ZeRO-3 checkpoint with expert partition groups "
             "(`ds_zero_partition_groups`), whose sub-groups span different ranks; only "
             "data-parallel ZeRO checkpoints are read (as by zero_to_fp32)."
         )
-    shapes = ckpt._group_shapes()  # one dict per flat group (ZeRO-3: per sub-group)
-    layout = {n: s for n, s in ckpt._sources.items() if s.kind in ("zero2", "zero3")}
+    shapes = ckpt.group_shapes()  # one dict per flat group (ZeRO-3: per sub-group)
+    places = {n: s for n, s in ckpt.placements.items() if s.kind in ("zero2", "zero3")}
     entries: list[list[Mapping[str, Any]]] = []  # [rank][flat group]
     hypers: list[dict[str, Any]] = []
     members: list[list[int]] = []  # [torch group] -> its flat groups
-    for rank, (file, inner) in enumerate(zip(files, ckpt._optim_states, strict=True)):
+    for rank, (file, inner) in enumerate(zip(files, ckpt.optim_states, strict=True)):
         key = _STATE_KEY[stage]
         sd = inner.get(key)
         if not (isinstance(sd, Mapping) and isinstance(sd.get("state"), Mapping)
@@ -233,7 +233,7 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
             )
         index: list[list[int]] = [list(g["params"]) for g in groups]
         order = [i for ix in index for i in ix]
-        flat = ckpt._parts[rank]
+        flat = ckpt.partitions[rank]
         if order != list(range(len(flat))):
             raise ValueError(
                 f"{file}: `{key}.param_groups` hold the flat groups {order}, expected each of "
@@ -256,7 +256,7 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
         raise ValueError(
             f"{files[0]}: {len(entries[0])} flat groups, but param_shapes lists {len(shapes)}."
         )
-    pairs = zip(files, ckpt._optim_states, strict=True)
+    pairs = zip(files, ckpt.optim_states, strict=True)
     paddings = [_paddings(f, inner, len(entries[0])) for f, inner in pairs]
     slots, steps, unknown = _slots(ckpt, files, shapes, entries, paddings)
     names_of = [tuple(n for s in flat_ids for n in shapes[s]) for flat_ids in members]
@@ -267,7 +267,7 @@ def _read_state(ckpt: DeepSpeedCheckpoint) -> OptimizerState:
         steps=steps,
         slots={
             k: DeepSpeedSlot(
-                ckpt.folder, k, {n: layout[n] for n in have}, ckpt._shapes, parts, ckpt.world_size
+                ckpt.folder, k, {n: places[n] for n in have}, ckpt.shapes, parts, ckpt.world_size
             )
             for k, (have, parts) in slots.items()
         },
@@ -319,7 +319,7 @@ def _slots(
                 for rank, v in enumerate(values):
                     # DeepSpeed stores the fp32 partitions without, the moments with
                     # the padding (ZeRO-1/2: at the end of the last rank's partition).
-                    want = ckpt._parts[rank][g].size + paddings[rank][g]
+                    want = ckpt.partitions[rank][g].size + paddings[rank][g]
                     if v.size != want:
                         raise ValueError(
                             f"{files[rank]}: `{key}` of flat group {g} has {v.size} elements, "
@@ -335,7 +335,7 @@ def _slots(
         parts = [
             [
                 e[key] if isinstance(e.get(key), np.ndarray) else _absent(p.size)
-                for e, p in zip(rank_entries, ckpt._parts[rank], strict=True)
+                for e, p in zip(rank_entries, ckpt.partitions[rank], strict=True)
             ]
             for rank, rank_entries in enumerate(entries)
         ]

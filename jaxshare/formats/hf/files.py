@@ -8,7 +8,7 @@ and a Flax model's ``flax_model.msgpack`` or ``flax_model-0000k-of-0000N.msgpack
 shards with ``flax_model.msgpack.index.json`` (its names ``'/'``-joined Flax paths).
 An index is ``{"metadata": {"total_size": ...}, "weight_map": {name: shard file}}``.
 
-:func:`hf_layout` finds which of these a directory holds, :func:`read_index`
+:func:`hf_weights` finds which of these a directory holds, :func:`read_index`
 reads and checks an index, :func:`shard_of` tells whether a weights file is one
 shard of several (opening it alone would drop the others), and
 :func:`parse_size` reads a ``max_shard_size`` as transformers does. Nothing here
@@ -40,10 +40,10 @@ __all__ = [
     "SAFE_INDEX",
     "SAFE_WEIGHTS",
     "HFIndex",
-    "HFLayout",
+    "HFWeights",
     "ModelFiles",
     "check_not_a_shard",
-    "hf_layout",
+    "hf_weights",
     "is_hf_directory",
     "is_hf_input",
     "model_files",
@@ -191,7 +191,7 @@ def read_index(path: str | os.PathLike) -> HFIndex:
 
 
 @dataclass(frozen=True)
-class HFLayout:
+class HFWeights:
     """Where a Hugging Face directory keeps its weights.
 
     Attributes:
@@ -284,7 +284,7 @@ def _flavour(name: str) -> str:
     return "safetensors"
 
 
-def hf_layout(path: str | os.PathLike) -> HFLayout:
+def hf_weights(path: str | os.PathLike) -> HFWeights:
     """The weights of the Hugging Face directory ``path`` (or of the directory
     of the index file ``path``): safetensors, then ``.bin``, then Flax
     ``.msgpack``, as a PyTorch loader prefers; within each, an index before a
@@ -310,7 +310,7 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
         found = [p for p in found if p.is_file()]
         if found and not found[0].name.endswith(INDEX_SUFFIX):
             single = found[0]
-            return HFLayout(directory, _flavour(single.name), None, (single,), config_file)
+            return HFWeights(directory, _flavour(single.name), None, (single,), config_file)
         if found:
             index = found[0]
         else:
@@ -338,7 +338,7 @@ def hf_layout(path: str | os.PathLike) -> HFLayout:
         kinds = ", ".join(f".{s}" for s in sorted(suffixes))
         raise ValueError(f"{index}: lists shards of several kinds ({kinds}); expected one kind.")
     files = tuple(directory / f for f in parsed.files)
-    return HFLayout(directory, suffixes.pop(), index, files, config_file)
+    return HFWeights(directory, suffixes.pop(), index, files, config_file)
 
 
 def is_hf_directory(path: Path) -> bool:

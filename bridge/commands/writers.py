@@ -1,0 +1,207 @@
+"""The writers of :func:`bridge.convert`: one per output format, the one table of them.
+
+A writer takes the opened input (a :class:`~jaxshare.stream.TensorSource`) and what
+the call asked for (:class:`Options`), plans every output tensor from metadata
+alone, and streams them into its format:
+
+- ``"orbax"``: Flax paths (a PyTorch-named input placed by :func:`bridge.flax_plan`'s
+  rules, a Flax-named one kept, or placed anew in another ``layout``), an Orbax
+  item (:func:`jaxshare.checkpoint.write_item`);
+- ``"safetensors"``: the input's own naming, or the one ``names`` asks for, a
+  ``.safetensors`` file (:func:`jaxshare.formats.save_plan`); an Orbax item in Flax
+  names is consolidated, every alias written out for readers that know no ties;
+- ``"torch"`` and ``"dcp"``: PyTorch names (:func:`bridge.naming.torch_naming.in_torch_names`),
+  a PyTorch file (a pickle of the whole state dict: built in memory, with torch) or
+  a DCP folder;
+- ``"hf"``: a Hugging Face directory (:func:`bridge.save_hf`, which names a Flax
+  tree after the config's model class where no naming record does).
+
+:data:`RUN` converts a training run as a whole (weights and optimizer state),
+from the input as given. Adding an output format is one writer and one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from bridge.commands.outputs import Format
+from bridge.layouts.layout import Layout
+from bridge.layouts.rules import Rules
+from bridge.naming.relayout import place_any
+from bridge.naming.torch_naming import in_torch_names
+from jaxshare.formats import is_item
+from jaxshare.internal import UsageError
+from jaxshare.stream import Plan, ProgressFn, TensorSource
+
+__all__ = ["RUN", "WRITERS", "Options", "Writer"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a conversion asked for, as every writer takes it (each uses its own)."""
+
+    rules: Rules
+    layout: Layout | None = None
+    names: str | None = None
+    dtype: Any = None
+    config: Any = None
+    max_shard_size: str | int | None = None
+    force: bool = False
+    inputs: Sequence[Path] = ()
+    progress: ProgressFn | None = None
+    manifest: bool = False
+    compression: str = "zstd"
+    ties: Mapping[str, str] | Sequence[str] = ()
+
+
+#: A writer: ``write(dst, source, options)`` writes ``source`` at ``dst``.
+Writer = Callable[[Path, Any, Options], None]
+
+
+def _flax_named(source: TensorSource, options: Options) -> tuple[Plan, TensorSource]:
+    """The plan in Flax paths, and the source it reads: a Flax-named input as it is
+    (in its own layout), any other placed (in ``options.layout``)."""
+    if source.flax_named and options.layout is None:
+        return Plan.identity(source), source
+    placement, placed = place_any(source, like=None, rules=options.rules, layout=options.layout)
+    return placement.plan(placed), placed
+
+
+def _torch_named(source: TensorSource, options: Options, fmt: str) -> tuple[Plan, TensorSource]:
+    """The plan in PyTorch names, and the source it reads."""
+    if options.layout is not None and not source.flax_named:
+        raise UsageError(
+            f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "
+            "output keeps the input's PyTorch names."
+        )
+    return in_torch_names(source, rules=options.rules, layout=options.layout)
+
+
+def _orbax(dst: Path, source: TensorSource, options: Options) -> None:
+    from jaxshare import checkpoint
+
+    plan, reads = _flax_named(source, options)
+    checkpoint.write_item(
+        dst,
+        plan.cast(options.dtype),
+        reads,
+        force=options.force,
+        inputs=options.inputs,
+        progress=options.progress,
+        manifest=options.manifest,
+        compression=options.compression,
+    )
+
+
+def _safetensors(dst: Path, source: TensorSource, options: Options) -> None:
+    from jaxshare.formats import save_plan
+
+    flax = (options.names or ("flax" if source.flax_named else "torch")) == "flax"
+    if flax and options.layout is None and source.path is not None and is_item(source.path):
+        from jaxshare import checkpoint
+
+        # Every alias written out too, for readers that know no ties.
+        checkpoint.consolidate_to_safetensors(
+            source.where,
+            dst,
+            dtype=options.dtype,
+            force=options.force,
+            progress=options.progress,
+            manifest=options.manifest,
+        )
+        return
+    if flax:
+        plan, reads = _flax_named(source, options)
+    else:
+        plan, reads = _torch_named(source, options, "safetensors")
+    save_plan(
+        dst,
+        plan.cast(options.dtype),
+        reads,
+        force=options.force,
+        inputs=options.inputs,
+        progress=options.progress,
+        manifest=options.manifest,
+    )
+
+
+def _torch(dst: Path, source: TensorSource, options: Options) -> None:
+    from bridge.torch.torch_file import save_torch  # (A pickle of torch tensors.)
+
+    plan, reads = _torch_named(source, options, "torch")
+    save_torch(
+        plan.cast(options.dtype),
+        reads,
+        dst,
+        force=options.force,
+        inputs=options.inputs,
+        progress=options.progress,
+    )
+
+
+def _dcp(dst: Path, source: TensorSource, options: Options) -> None:
+    from jaxshare.formats import write_dcp
+
+    plan, reads = _torch_named(source, options, "dcp")
+    write_dcp(
+        dst,
+        plan.cast(options.dtype),
+        reads,
+        force=options.force,
+        inputs=options.inputs,
+        progress=options.progress,
+    )
+
+
+def _hf(dst: Path, source: TensorSource, options: Options) -> None:
+    from bridge.commands.save_hf import save_hf
+
+    config = options.config if options.config is not None else source.config
+    if config is None:
+        raise UsageError(
+            f"{dst}: a Hugging Face directory needs a config.json: pass --config "
+            "(the input has none)."
+        )
+    # save_hf plans: a naming record, else the config's model class, names Flax leaves.
+    save_hf(
+        dst,
+        source,
+        dtype=options.dtype,
+        config=config,
+        max_shard_size=options.max_shard_size,
+        force=options.force,
+        inputs=options.inputs,
+        progress=options.progress,
+        rules=options.rules,
+        layout=options.layout,
+        manifest=options.manifest,
+    )
+
+
+def _run(dst: Path, src: Any, options: Options) -> None:
+    from bridge.training.run import convert_training  # (optax's layouts: 14 ms to import)
+
+    convert_training(
+        src,
+        dst,
+        force=options.force,
+        rules=options.rules,
+        layout=options.layout,
+        ties=options.ties,
+        config=options.config,
+    )
+
+
+#: The writer of each output format (``format=``, ``--format``).
+WRITERS: Mapping[Format, Writer] = MappingProxyType(
+    {"orbax": _orbax, "safetensors": _safetensors, "torch": _torch, "hf": _hf, "dcp": _dcp}
+)
+
+#: The writer of a training run as a whole: the input as given (a run file, a
+#: DeepSpeed or DCP folder, a run jaxshare wrote), to a ``CheckpointManager`` step or
+#: back to a PyTorch run file.
+RUN: Writer = _run
