@@ -77,13 +77,19 @@ from pathlib import Path
 from stream_convert import (
     GOAL_OVERHEAD_MB,
     MB,
-    ROOT,
-    SIDES,
+    child_env,
+    copy_synced,
+    float32_sizes,
+    fsync,
+    load_average,
+    measure_command,
     model_arguments,
+    peer_arguments,
+    per_round,
+    print_table,
     ratio,
     remove,
-    run_measured,
-    venv_python,
+    rotating_rounds,
 )
 
 OPS = {"read": "DCP folder -> .safetensors", "write": ".safetensors -> DCP folder"}
@@ -188,14 +194,6 @@ def rank(args: argparse.Namespace, index: str, port: str, folder: str) -> None:
 # --- the processes measured ------------------------------------------------
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def child(op: str, *rest: str) -> None:
     """One measured peer or limit run, or the check of the outputs; a peer prints one JSON
     line of the seconds of its call (after its imports) and of its parts."""
@@ -205,12 +203,10 @@ def child(op: str, *rest: str) -> None:
         if src.is_dir():  # the .distcp files, copied into a folder
             dst.mkdir()
             for f in sorted(src.glob("*.distcp")):
-                shutil.copyfile(f, dst / f.name)
-                _fsync(dst / f.name)
-            _fsync(dst)
+                copy_synced(f, dst / f.name)
+            fsync(dst)
         else:
-            shutil.copyfile(src, dst)
-            _fsync(dst)
+            copy_synced(src, dst)
         print(json.dumps({"work_s": time.perf_counter() - start}))
     elif op == "read":
         src, dst, tmp = rest
@@ -254,12 +250,12 @@ def child(op: str, *rest: str) -> None:
         bridge.convert(src, dst, format=None if fmt == "-" else fmt)
         print(json.dumps({"work_s": time.perf_counter() - start}))
     elif op == "verify":
-        verify(*rest)
+        verify(*rest)  # the model, the conversion, ours' output, the peer's
     else:
         raise SystemExit(f"unknown child {op!r}")
 
 
-def verify(op: str, model: str, ours: str, peer: str) -> None:
+def verify(model: str, op: str, ours: str, peer: str) -> None:
     """``read``: ours' ``out.safetensors`` against the peer's and ``model.safetensors``,
     tensor by tensor; ``write``: both DCP outputs loaded with stock ``dcp.load`` and
     compared with ``model.safetensors``. Prints one JSON line of findings."""
@@ -321,14 +317,9 @@ def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) 
 def measure(cmd: list[str], dst: Path, env: dict) -> dict | None:
     """Runs ``cmd`` in a fresh process under peakmem; its figures and the seconds it
     printed, or None if it failed."""
-    run, stats = run_measured(cmd, dst, env)
+    figures = measure_command(cmd, dst, env, work=True)
     remove(dst.with_name(dst.name + ".tmp.pt"))  # the read peer's torch.save file
-    work = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or stats is None or not work:
-        print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
-        print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-        return None
-    return {**stats, **work[-1]}
+    return figures
 
 
 # --- the run ----------------------------------------------------------------
@@ -338,8 +329,7 @@ def main() -> None:
     ap = model_arguments(__doc__)
     ap.set_defaults(vocab=32000, width=2048, blocks=16)
     ap.add_argument("--mlp", type=int, default=5504, help="the MLP's width")
-    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=venv_python(".venv-bench"), help="runs the peers")
+    peer_arguments(ap)
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -351,17 +341,15 @@ def main() -> None:
     if args.quick:
         args.vocab, args.width, args.mlp, args.blocks, args.rounds = 5000, 256, 688, 2, 1
     specs = _specs(args)
-    sizes = {name: 4 * math.prod(s) for name, s in specs}
-    largest = max(sizes, key=sizes.get)
-    total = sum(sizes.values())
-    goal_mb = (2 * sizes[largest]) / MB + GOAL_OVERHEAD_MB
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    largest_bytes, total, goal_mb = float32_sizes(specs)
+    largest = next(name for name, s in specs if 4 * math.prod(s) == largest_bytes)
+    env = child_env()
     root = Path(tempfile.mkdtemp(prefix="dcp_convert_", dir=args.dir))
     try:
         print(
             f"Model: Llama-shaped, hidden {args.width}, MLP {args.mlp}, {args.blocks} layers, "
             f"vocabulary {args.vocab}, untied, float32: {total / MB:.0f} MiB in {len(specs)} "
-            f"tensors, largest {largest} {sizes[largest] / MB:.0f} MiB.",
+            f"tensors, largest {largest} {largest_bytes / MB:.0f} MiB.",
             flush=True,
         )
         model, folder = root / "model.safetensors", root / "dcp"
@@ -379,40 +367,16 @@ def main() -> None:
         )
         inputs = {"read": folder, "write": model}
         outputs = {"read": "out.safetensors", "write": "out_dcp"}
-        results = {op: {side: [] for side in SIDES} for op in OPS}
-        checks: dict[str, dict | str] = {}
-        loads = [os.getloadavg()]
-        for r in range(args.rounds):
-            for op in OPS:
-                order = SIDES[r % 3 :] + SIDES[: r % 3]
-                kept: dict[str, Path] = {}
-                for side in order:
-                    dst = root / f"{side}_{outputs[op]}"
-                    results[op][side].append(
-                        measure(command(op, side, inputs[op], dst, args), dst, env)
-                    )
-                    if r == 0 and side != "limit":
-                        kept[side] = dst
-                    else:
-                        remove(dst)
-                if r == 0:  # (checked and removed before the next conversion: less disk)
-                    checks[op] = run_check(args, op, model, kept, env)
-                    for dst in kept.values():
-                        remove(dst)
-            loads.append(os.getloadavg())
-        report(args, results, largest, sizes[largest], total, goal_mb, loads, checks)
+
+        def run(op: str, side: str) -> tuple[dict | None, Path]:
+            dst = root / f"{side}_{outputs[op]}"
+            return measure(command(op, side, inputs[op], dst, args), dst, env), dst
+
+        check = [args.peer_python, __file__, "--child", "verify", str(model)]
+        results, checks, loads = rotating_rounds(args.rounds, OPS, run, check, env)
+        report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def run_check(args, op: str, model: Path, kept: dict[str, Path], env: dict) -> dict | str:
-    if not all(side in kept and kept[side].exists() for side in ("ours", "peer")):
-        return "not run: a side failed"
-    outputs = [str(kept["ours"]), str(kept["peer"])]
-    cmd = [args.peer_python, __file__, "--child", "verify", op, str(model), *outputs]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return found[-1] if run.returncode == 0 and found else f"failed: {run.stderr[-2000:]}"
 
 
 PARTS = {
@@ -421,15 +385,21 @@ PARTS = {
 }
 
 
+#: The ratio columns of ours' rows.
+RATIOS = (
+    ("time ours/peer", "peer", "wall_s"),
+    ("work ours/peer", "peer", "work_s"),
+    ("time ours/limit", "limit", "wall_s"),
+)
+
+
 def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks) -> None:
     med = statistics.median
     print(
         f"\n{args.rounds} round(s), sides rotating. Goals: ours peak anon (reading) <= 2 x "
         f"largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; time <= "
         f"{GOALS['read']:.1f}x the peer reading, <= {GOALS['write']:.1f}x writing, for the "
-        "call and the process. Load average (1 min) during the run: "
-        + ", ".join(f"{la[0]:.1f}" for la in loads)
-        + f" on {os.cpu_count()} CPUs."
+        f"call and the process. {load_average(loads)}"
     )
     what = {
         "read": "ours' out.safetensors against the peer's and model.safetensors, tensor by tensor",
@@ -444,45 +414,14 @@ def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
             print(f"Check of round 1, {OPS[op]}: {what[op]} ({counts}): {verdict}.")
         else:
             print(f"Check of round 1, {OPS[op]}: {found}.")
-    head = (
-        f"\n{'conversion':27} {'side':5} {'peak anon MiB':>13} {'time s':>7} {'work s':>7}"
-        f"  {'time ours/peer':>14} {'work ours/peer':>14} {'time ours/limit':>15}  verdict"
-    )
-    print(head)
-    print("-" * len(head))
+    memory_goals = {"read": goal_mb, "write": math.inf}  # (the memory goal is reading's)
+    rounds_of = print_table(results, OPS, memory_goals, GOALS, 27, RATIOS, work=True)
     notes = []
     for op, name in OPS.items():
-        runs = results[op]
-        rounds = [i for i in range(args.rounds) if all(runs[s][i] for s in SIDES)]
-        for side in SIDES:
-            ok = [x for x in runs[side] if x]
-            line = f"{name if side == 'ours' else '':27} {side:5} "
-            if not ok:
-                print(line + f"{'FAILED':>13}")
-                continue
-            mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
-            line += f"{mem:13.0f} {wall:7.2f} {med(x['work_s'] for x in ok):7.2f}"
-            if side == "ours" and rounds:
-                vs_peer = ratio(runs, rounds, "ours", "peer", "wall_s")
-                work = ratio(runs, rounds, "ours", "peer", "work_s")
-                misses = []
-                if op == "read" and mem > goal_mb:
-                    misses.append(f"memory MISSED by {mem - goal_mb:.0f} MiB")
-                if vs_peer > GOALS[op]:
-                    misses.append(f"time MISSED by {vs_peer - GOALS[op]:.2f}")
-                if work > GOALS[op]:
-                    misses.append(f"work MISSED by {work - GOALS[op]:.2f}")
-                line += (
-                    f"  {vs_peer:14.2f} {work:14.2f} "
-                    f"{ratio(runs, rounds, 'ours', 'limit', 'wall_s'):15.2f}  "
-                    + ("; ".join(misses) or "met")
-                )
-            elif side == "ours":
-                line += "  no round with every side: no ratios, goals not judged"
-            print(line)
+        runs, rounds = results[op], rounds_of[op]
         if not rounds:
             continue
-        ours, peer = runs["ours"], runs["peer"]
+        peer = runs["peer"]
         parts = ", ".join(
             f"{p.removesuffix('_s')} {med(peer[i][p] for i in rounds):.2f} s" for p in PARTS[op]
         )
@@ -493,15 +432,7 @@ def report(args, results, largest, largest_bytes, total, goal_mb, loads, checks)
         peak = ratio(runs, rounds, "ours", "peer", "peak_anon_mb")
         note += f"; peak anon ours/peer {peak:.2f}"
         if len(rounds) > 1:
-            note += "; per round, ours peak anon " + ", ".join(
-                f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds
-            )
-            note += " MiB, time ours/peer " + ", ".join(
-                f"{ours[i]['wall_s'] / peer[i]['wall_s']:.2f}" for i in rounds
-            )
-            note += ", work ours/peer " + ", ".join(
-                f"{ours[i]['work_s'] / peer[i]['work_s']:.2f}" for i in rounds
-            )
+            note += "; per round, " + ", ".join(per_round(runs, rounds, ("wall_s", "work_s")))
             note += "; the peer's call per round " + ", ".join(
                 f"{peer[i]['work_s']:.1f} s ("
                 + " + ".join(f"{peer[i][p]:.1f}" for p in PARTS[op])

@@ -30,14 +30,15 @@ tree; pages of mapped files do not count):
 * **the machine's limit**, beside each: the msgpack file's bytes copied to a new file
   (``shutil.copyfile``, which the kernel does with ``sendfile``) and ``fsync``'d.
 
-After the first round a check (in the peer's interpreter) restores both items with plain
-Orbax and compares them with the msgpack tree, and compares the two ``model.safetensors``
-tensor by tensor. Rounds rotate who goes first (ours, peer, limit; peer, limit, ours;
-...), ``sync`` runs before each process, and the table gives, per conversion, the
-medians over rounds of each side's figures and of the paired ratios. ``time`` is the
-whole process, start-up and imports included, as a user runs it. jaxshare ``fsync``s what
-it writes; the peers do not (as users run them), so some of their write-back may fall
-after they exit (``sync`` before the next process keeps it off the next one's clock).
+In the first round, after each conversion, a check (in the peer's interpreter) restores
+both items with plain Orbax and compares them with the msgpack tree, or compares the two
+``model.safetensors`` tensor by tensor; then the outputs are removed. Rounds rotate who
+goes first (ours, peer, limit; peer, limit, ours; ...), ``sync`` runs before each process,
+and the table gives, per conversion, the medians over rounds of each side's figures and of
+the paired ratios. ``time`` is the whole process, start-up and imports included, as a
+user runs it. jaxshare ``fsync``s what it writes; the peers do not (as users run them), so
+some of their write-back may fall after they exit (``sync`` before the next process keeps
+it off the next one's clock).
 Goals: jaxshare's peak anonymous memory <= 2 x the largest tensor + 400 MB; its time
 <= 1.0x the peer's.
 
@@ -55,10 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -66,15 +64,19 @@ from pathlib import Path
 from stream_convert import (
     GOAL_OVERHEAD_MB,
     GOAL_TIME,
+    HF_QUIET,
     MB,
-    ROOT,
-    SIDES,
+    child_env,
+    copy_synced,
+    float32_sizes,
+    load_average,
     measure_command,
     model_arguments,
     model_specs,
+    parse,
+    peer_arguments,
     print_sides,
-    remove,
-    venv_python,
+    rotating_rounds,
 )
 
 OPS = {"orbax": "msgpack -> Orbax item", "hf": "msgpack -> HF directory"}
@@ -151,12 +153,7 @@ def write_model(model: Path, specs: list[tuple[tuple, tuple]], args: argparse.Na
 def child(op: str, src: str, dst: str, *rest: str) -> None:
     """One measured peer or limit run, or the check of the outputs."""
     if op == "limit":
-        shutil.copyfile(Path(src) / "flax_model.msgpack", dst)
-        fd = os.open(dst, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        copy_synced(Path(src) / "flax_model.msgpack", dst)
     elif op == "orbax":
         import orbax.checkpoint as ocp
         from flax.serialization import msgpack_restore
@@ -177,31 +174,37 @@ def child(op: str, src: str, dst: str, *rest: str) -> None:
         model = load_flax_checkpoint_in_pytorch_model(model, str(Path(src, "flax_model.msgpack")))
         model.save_pretrained(dst)
     elif op == "verify":
-        verify(src, dst, *rest)
+        verify(src, dst, *rest)  # the model, the conversion, ours' output, the peer's
     else:
         raise SystemExit(f"unknown child {op!r}")
 
 
-def verify(model: str, ours_item: str, peer_item: str, ours_hf: str, peer_hf: str) -> None:
-    """Both items restore with plain Orbax to the msgpack tree; both HF directories hold
-    the same tensors. Prints one JSON line of findings."""
+def verify(model: str, op: str, ours: str, peer: str) -> None:
+    """``orbax``: both items restore with plain Orbax to the msgpack tree; ``hf``: both HF
+    directories hold the same tensors. Prints one JSON line of findings."""
     import numpy as np
-    import orbax.checkpoint as ocp
-    from flax.serialization import msgpack_restore
-    from flax.traverse_util import flatten_dict
     from safetensors import safe_open
 
-    ref = flatten_dict(msgpack_restore(Path(model, "flax_model.msgpack").read_bytes()), sep="/")
     problems = []
-    for name, item in (("ours", ours_item), ("peer", peer_item)):
-        got = flatten_dict(ocp.StandardCheckpointer().restore(Path(item).absolute()), sep="/")
-        if sorted(got) != sorted(ref):
-            problems.append(f"{name} item: paths {sorted(set(got) ^ set(ref))[:5]} differ")
-        else:
-            bad = [p for p in ref if not np.array_equal(np.asarray(got[p]), ref[p])]
-            problems += [f"{name} item: {bad[:5]} differ"] if bad else []
-        del got
-    files = [sorted(Path(d).glob("*.safetensors")) for d in (ours_hf, peer_hf)]
+    if op == "orbax":
+        import orbax.checkpoint as ocp
+        from flax.serialization import msgpack_restore
+        from flax.traverse_util import flatten_dict
+
+        tree = msgpack_restore(Path(model, "flax_model.msgpack").read_bytes())
+        ref = flatten_dict(tree, sep="/")
+        for name, item in (("ours", ours), ("peer", peer)):
+            restored = ocp.StandardCheckpointer().restore(Path(item).absolute())
+            got = flatten_dict(restored, sep="/")
+            if sorted(got) != sorted(ref):
+                problems.append(f"{name} item: paths {sorted(set(got) ^ set(ref))[:5]} differ")
+            else:
+                bad = [p for p in ref if not np.array_equal(np.asarray(got[p]), ref[p])]
+                problems += [f"{name} item: {bad[:5]} differ"] if bad else []
+            del got
+        print(json.dumps({"leaves": len(ref), "problems": problems}))
+        return
+    files = [sorted(Path(d).glob("*.safetensors")) for d in (ours, peer)]
     if [f.name for f in files[0]] != [f.name for f in files[1]]:
         problems.append(f"HF shards differ: {files}")
     tensors = 0
@@ -214,7 +217,7 @@ def verify(model: str, ours_item: str, peer_item: str, ours_hf: str, peer_hf: st
                 tensors += 1
                 if not np.array_equal(fa.get_tensor(key), fb.get_tensor(key)):
                     problems.append(f"{a.name}: {key} differs")
-    print(json.dumps({"leaves": len(ref), "hf_tensors": tensors, "problems": problems}))
+    print(json.dumps({"hf_tensors": tensors, "problems": problems}))
 
 
 def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) -> list[str]:
@@ -232,70 +235,34 @@ def command(op: str, side: str, src: Path, dst: Path, args: argparse.Namespace) 
 def main() -> None:
     ap = model_arguments(__doc__)
     ap.add_argument("--heads", type=int, default=12, help="n_head, a divisor of the width")
-    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=venv_python(".venv-bench"), help="runs the peers")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(*args.child)
+    peer_arguments(ap)
+    args = parse(ap, child)
+    if args is None:
         return
     if args.quick:
         args.vocab, args.width, args.blocks, args.rounds = 5000, 384, 2, 1
     specs = flax_specs(args.vocab, args.width, args.blocks, args.context)
-    sizes = [4 * math.prod(s) for _, s in specs]
-    largest, total = max(sizes), sum(sizes)
-    goal_mb = (2 * largest) / MB + GOAL_OVERHEAD_MB
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": str(ROOT),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    largest, total, goal_mb = float32_sizes(specs)
+    env = child_env(**HF_QUIET)
     root = Path(tempfile.mkdtemp(prefix="msgpack_convert_", dir=args.dir))
     try:
         model = root / "flax_model"
         write_model(model, specs, args)
         file_mb = (model / "flax_model.msgpack").stat().st_size / MB
         outputs = {"orbax": "item", "hf": "hf", "limit": "copy.msgpack"}
-        results = {op: {side: [] for side in SIDES} for op in OPS}
-        kept: dict[str, Path] = {}
-        check = None
-        loads = [os.getloadavg()]
-        for r in range(args.rounds):
-            for op in OPS:
-                order = SIDES[r % 3 :] + SIDES[: r % 3]
-                for side in order:
-                    dst = root / f"{side}_{op}_{outputs['limit' if side == 'limit' else op]}"
-                    results[op][side].append(
-                        measure_command(command(op, side, model, dst, args), dst, env)
-                    )
-                    if r == 0 and side != "limit":
-                        kept[f"{side}_{op}"] = dst
-                    else:
-                        remove(dst)
-            if r == 0:
-                check = run_check(args, model, kept, env)
-                for dst in kept.values():
-                    remove(dst)
-            loads.append(os.getloadavg())
-        report(args, results, largest, total, file_mb, goal_mb, loads, check)
+
+        def run(op: str, side: str) -> tuple[dict | None, Path]:
+            dst = root / f"{side}_{op}_{outputs['limit' if side == 'limit' else op]}"
+            return measure_command(command(op, side, model, dst, args), dst, env), dst
+
+        check = [args.peer_python, __file__, "--child", "verify", str(model)]
+        results, checks, loads = rotating_rounds(args.rounds, OPS, run, check, env)
+        report(args, results, largest, total, file_mb, goal_mb, loads, checks)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_check(args, model: Path, kept: dict[str, Path], env: dict) -> dict | str:
-    names = ("ours_orbax", "peer_orbax", "ours_hf", "peer_hf")
-    if not all(n in kept and kept[n].exists() for n in names):
-        return "not run: a side failed"
-    outputs = [str(kept[n]) for n in names]
-    cmd = [args.peer_python, __file__, "--child", "verify", str(model), *outputs]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    return found[-1] if run.returncode == 0 and found else f"failed: {run.stderr[-2000:]}"
-
-
-def report(args, results, largest, total, file_mb, goal_mb, loads, check) -> None:
+def report(args, results, largest, total, file_mb, goal_mb, loads, checks) -> None:
     print(
         f"\nModel: width {args.width}, {args.blocks} blocks, vocabulary {args.vocab}, float32: "
         f"{total / MB:.0f} MiB in {len(flax_specs(1, 1, args.blocks, 1))} leaves, largest "
@@ -304,18 +271,19 @@ def report(args, results, largest, total, file_mb, goal_mb, loads, check) -> Non
     )
     print(
         f"Goals: ours peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
-        f"time <= {GOAL_TIME:.1f}x the peer. Load average (1 min) during the run: "
-        + ", ".join(f"{la[0]:.1f}" for la in loads)
-        + f" on {os.cpu_count()} CPUs."
+        f"time <= {GOAL_TIME:.1f}x the peer. {load_average(loads)}"
     )
-    if isinstance(check, dict):
+    items, hf = checks["orbax"], checks["hf"]
+    if isinstance(items, dict) and isinstance(hf, dict):
         print(
             f"Check of round 1's outputs: both items against the msgpack tree "
-            f"({check['leaves']} leaves), ours against the peer's model.safetensors "
-            f"({check['hf_tensors']} tensors): {'; '.join(check['problems']) or 'identical'}."
+            f"({items['leaves']} leaves), ours against the peer's model.safetensors "
+            f"({hf['hf_tensors']} tensors): "
+            f"{'; '.join(items['problems'] + hf['problems']) or 'identical'}."
         )
     else:
-        print(f"Check of round 1's outputs: {check}.")
+        failed = "; ".join(c for c in (items, hf) if isinstance(c, str))
+        print(f"Check of round 1's outputs: {failed}.")
     print_sides(results, OPS, dict.fromkeys(OPS, goal_mb), GOAL_TIME, 24)
 
 

@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,14 +225,24 @@ def child(op: str, side: str, src: str, dst: str, plans: str) -> None:
     print(json.dumps({"work_s": time.perf_counter() - start}))
 
 
-def run_measured(
-    cmd: list[str], dst: Path, env: dict
-) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """Runs ``cmd`` in a fresh process under peakmem, ``dst`` removed and the disk
-    synced first: the finished process and peakmem's figures (``None`` if none)."""
-    if dst.exists():
-        shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
-    os.sync()  # The previous run's write-back must not land on this one.
+def last_json(text: str) -> dict | None:
+    """The last line of ``text`` that is a JSON object (what a child printed), or None."""
+    found = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return found[-1] if found else None
+
+
+def child_env(**extra: str) -> dict:
+    """The environment of a measured process: JAX on the CPU, this checkout importable."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), **extra}
+
+
+#: What a process that may import transformers gets besides (:func:`child_env`).
+HF_QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def peakmem(cmd: list[str], env: dict) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Runs ``cmd`` in a fresh process under peakmem: the finished process and peakmem's
+    figures (``None`` if none)."""
     run = subprocess.run(
         [sys.executable, str(PEAKMEM), "--json", "--", *cmd],
         capture_output=True,
@@ -239,8 +250,16 @@ def run_measured(
         env=env,
         check=False,
     )
-    stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
-    return run, (stats[-1] if stats else None)
+    return run, last_json(run.stderr)
+
+
+def run_measured(
+    cmd: list[str], dst: Path, env: dict
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """:func:`peakmem` of ``cmd``, ``dst`` removed and the disk synced first."""
+    remove(dst)
+    os.sync()  # The previous run's write-back must not land on this one.
+    return peakmem(cmd, env)
 
 
 def venv_python(name: str) -> str:
@@ -257,14 +276,97 @@ def remove(path: Path) -> None:
         path.unlink()
 
 
-def measure_command(cmd: list[str], dst: Path, env: dict) -> dict | None:
-    """Runs ``cmd`` in a fresh process under peakmem; its figures, or None if it failed."""
+def measure_command(cmd: list[str], dst: Path, env: dict, *, work: bool = False) -> dict | None:
+    """Runs ``cmd`` in a fresh process under peakmem; its figures (with ``work``, and the
+    last JSON line it printed: the seconds of its call), or None if it failed."""
     run, stats = run_measured(cmd, dst, env)
-    if run.returncode != 0 or stats is None:
+    printed = last_json(run.stdout) if work else {}
+    if run.returncode != 0 or stats is None or printed is None:
         print(f"FAILED ({run.returncode}): {' '.join(cmd)}")
         print(f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
         return None
-    return stats
+    return {**stats, **printed}
+
+
+def json_child(cmd: list[str], env: dict) -> dict | str:
+    """Runs ``cmd`` (a check): the last JSON line it printed, or what went wrong."""
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    found = last_json(run.stdout)
+    if run.returncode == 0 and found is not None:
+        return found
+    return f"failed ({run.returncode}): {run.stdout[-1000:]}\n{run.stderr[-3000:]}"
+
+
+def copy_synced(src: Path | str, dst: Path | str) -> None:
+    """The machine's limit of a conversion: ``src``'s bytes copied (``shutil.copyfile``, a
+    kernel ``sendfile``) and ``fsync``'d."""
+    shutil.copyfile(src, dst)
+    fsync(dst)
+
+
+def fsync(path: Path | str) -> None:
+    """``fsync`` of a file or a folder."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rotating_rounds(
+    rounds: int,
+    keys: Iterable[str],
+    measure: Callable[[str, str], tuple[dict | None, Path]],
+    check: list[str],
+    env: dict,
+) -> tuple[dict[str, dict[str, list]], dict[str, dict | str], list]:
+    """``rounds`` rounds of each conversion of ``keys``, the sides rotating who goes first
+    (ours, peer, limit; peer, limit, ours; ...): ``measure(key, side)`` runs one, giving its
+    figures (``None`` if it failed) and its output, which is removed. In the first round,
+    ours' and the peer's outputs of each conversion are kept for the command ``check`` +
+    ``[key, ours, peer]`` (:func:`json_child`) and removed before the next conversion (less
+    disk). Returns the figures (``results[key][side]``, per round), the checks and the load
+    averages."""
+    results: dict[str, dict[str, list]] = {key: {side: [] for side in SIDES} for key in keys}
+    checks: dict[str, dict | str] = {}
+    loads = [os.getloadavg()]
+    for r in range(rounds):
+        for key in results:
+            kept: dict[str, Path] = {}
+            for side in SIDES[r % 3 :] + SIDES[: r % 3]:
+                figures, dst = measure(key, side)
+                results[key][side].append(figures)
+                if r == 0 and side != "limit" and dst.exists():
+                    kept[side] = dst
+                else:
+                    remove(dst)
+            if r == 0:
+                if "ours" in kept and "peer" in kept:
+                    checks[key] = json_child(
+                        [*check, key, str(kept["ours"]), str(kept["peer"])], env
+                    )
+                else:
+                    checks[key] = "not run: a side failed"
+                for dst in kept.values():
+                    remove(dst)
+        loads.append(os.getloadavg())
+    return results, checks, loads
+
+
+def load_average(loads: list) -> str:
+    """The load averages (1 min) of a run, sampled before and after each round."""
+    return (
+        "Load average (1 min) during the run: "
+        + ", ".join(f"{la[0]:.1f}" for la in loads)
+        + f" on {os.cpu_count()} CPUs."
+    )
+
+
+def float32_sizes(specs: Sequence[tuple[object, tuple]]) -> tuple[int, int, float]:
+    """The bytes of the largest tensor of ``specs`` (float32) and of all, and the memory
+    goal: 2 x the largest + ``GOAL_OVERHEAD_MB``, in MiB."""
+    sizes = [4 * math.prod(s) for _, s in specs]
+    return max(sizes), sum(sizes), 2 * max(sizes) / MB + GOAL_OVERHEAD_MB
 
 
 def ratio(
@@ -275,25 +377,35 @@ def ratio(
     return statistics.median(runs[a][i][key] / runs[b][i][key_b or key] for i in rounds)
 
 
-def print_sides(
-    results: dict, names: dict[str, str], memory_goals: dict[str, float], time_goal: float,
-    width: int,
-) -> None:  # fmt: skip
+#: The ratio columns of :func:`print_sides`: the heading, the side divided by, the figure.
+RATIOS = (
+    ("ours/peer", "peer", "wall_s"),
+    ("ours/limit", "limit", "wall_s"),
+    ("peak ours/peer", "peer", "peak_anon_mb"),
+)
+
+
+def print_table(
+    results: dict, names: dict[str, str], memory_goals: dict[str, float],
+    time_goals: dict[str, float], width: int, columns: tuple = RATIOS, *, work: bool = False,
+) -> dict[str, list[int]]:  # fmt: skip
     """The table of ours, the peer and the limit for each conversion of ``names``
-    (``results[conversion][side]``: per round, peakmem's figures or ``None``), with
-    verdicts against ``memory_goals[conversion]`` (MiB) and ``time_goal`` (ours/peer),
-    then each conversion's figures per round."""
+    (``results[conversion][side]``: per round, peakmem's figures or ``None``; with
+    ``work``, the seconds of the call too), ours' ``columns`` of ratios, and verdicts
+    against ``memory_goals[conversion]`` (MiB) and ``time_goals[conversion]`` (ours/peer,
+    of the process and with ``work`` of the call). Returns each conversion's rounds where
+    every side ran."""
     med = statistics.median
-    head = (
-        f"\n{'conversion':{width}} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
-        f"  {'ours/peer':>9} {'ours/limit':>10} {'peak ours/peer':>14}  verdict"
-    )
+    head = f"\n{'conversion':{width}} {'side':5} {'peak anon MiB':>13} {'time s':>7}"
+    head += f" {'work s':>7}" if work else ""
+    head += "  " + " ".join(heading for heading, _, _ in columns) + "  verdict"
     print(head)
     print("-" * len(head))
-    per_round = []
+    rounds_of = {}
     for key, name in names.items():
         runs = results[key]
         rounds = [i for i in range(len(runs["ours"])) if all(runs[s][i] for s in SIDES)]
+        rounds_of[key] = rounds
         for side in SIDES:
             ok = [x for x in runs[side] if x]
             line = f"{name if side == 'ours' else '':{width}} {side:5} "
@@ -302,43 +414,62 @@ def print_sides(
                 continue
             mem, wall = med(x["peak_anon_mb"] for x in ok), med(x["wall_s"] for x in ok)
             line += f"{mem:13.0f} {wall:7.2f}"
+            line += f" {med(x['work_s'] for x in ok):7.2f}" if work else ""
             if side == "ours" and rounds:
-                vs_peer = ratio(runs, rounds, "ours", "peer", "wall_s")
                 misses = []
                 if mem > memory_goals[key]:
                     misses.append(f"memory MISSED by {mem - memory_goals[key]:.0f} MiB")
-                if vs_peer > time_goal:
-                    misses.append(f"time MISSED by {vs_peer - time_goal:.2f}")
-                line += (
-                    f"  {vs_peer:9.2f} {ratio(runs, rounds, 'ours', 'limit', 'wall_s'):10.2f} "
-                    f"{ratio(runs, rounds, 'ours', 'peer', 'peak_anon_mb'):14.2f}  "
-                    + ("; ".join(misses) or "met")
+                for what, figure in (("time", "wall_s"), ("work", "work_s"))[: 1 + work]:
+                    vs_peer = ratio(runs, rounds, "ours", "peer", figure)
+                    if vs_peer > time_goals[key]:
+                        misses.append(f"{what} MISSED by {vs_peer - time_goals[key]:.2f}")
+                line += "  " + " ".join(
+                    f"{ratio(runs, rounds, 'ours', b, figure):{len(heading)}.2f}"
+                    for heading, b, figure in columns
                 )
+                line += "  " + ("; ".join(misses) or "met")
             elif side == "ours":
                 line += "  no round with every side: no ratios, goals not judged"
             print(line)
-        if len(rounds) > 1:
-            ours, peer = runs["ours"], runs["peer"]
-            peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
-            times = ", ".join(f"{ours[i]['wall_s'] / peer[i]['wall_s']:.2f}" for i in rounds)
-            per_round.append(f"{name}: ours peak anon {peaks} MiB; time ours/peer {times}")
+    return rounds_of
+
+
+def per_round(runs: dict[str, list], rounds: list[int], figures: tuple[str, ...]) -> list[str]:
+    """Ours' peak anon in each of ``rounds``, then ours/peer of each of ``figures``."""
+    ours, peer = runs["ours"], runs["peer"]
+    peaks = ", ".join(f"{ours[i]['peak_anon_mb']:.0f}" for i in rounds)
+    found = [f"ours peak anon {peaks} MiB"]
+    for figure in figures:  # wall_s (the process's time), work_s (the call's)
+        ratios = ", ".join(f"{ours[i][figure] / peer[i][figure]:.2f}" for i in rounds)
+        found.append(f"{'time' if figure == 'wall_s' else 'work'} ours/peer {ratios}")
+    return found
+
+
+def print_sides(
+    results: dict, names: dict[str, str], memory_goals: dict[str, float], time_goal: float,
+    width: int,
+) -> None:  # fmt: skip
+    """:func:`print_table` (one ``time_goal`` for every conversion), then each
+    conversion's figures per round."""
+    rounds_of = print_table(results, names, memory_goals, dict.fromkeys(names, time_goal), width)
     print(
         "\npeak anon: medians over rounds (peakmem, 10 ms samples); time: whole process; "
         "ratios: medians of per-round ratios (rounds where every side ran)."
     )
-    for line in per_round:
-        print("Per round, " + line + ".")
+    for key, name in names.items():
+        if len(rounds_of[key]) > 1:
+            found = per_round(results[key], rounds_of[key], ("wall_s",))
+            print(f"Per round, {name}: {'; '.join(found)}.")
 
 
 def measure(op: str, side: str, src: Path, dst: Path, plans: Path) -> dict:
     """Runs one conversion in a fresh process under peakmem; its figures."""
     cmd = [sys.executable, __file__, "--child", op, side, str(src), str(dst), str(plans)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    run, stats = run_measured(cmd, dst, env)
-    work = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or stats is None or not work:
+    run, stats = run_measured(cmd, dst, child_env())
+    work = last_json(run.stdout)
+    if run.returncode != 0 or stats is None or work is None:
         raise RuntimeError(f"{side} {op} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
-    return {**stats, **work[-1]}
+    return {**stats, **work}
 
 
 # --- the run ----------------------------------------------------------------
@@ -351,34 +482,50 @@ OPS = {
 }
 
 
-def model_arguments(doc: str) -> argparse.ArgumentParser:
-    """The command line the streaming benchmarks share: the model's shapes, the rounds,
-    where the files go and ``--quick``."""
+def model_arguments(doc: str, *, context: bool = True) -> argparse.ArgumentParser:
+    """The command line the streaming benchmarks share: the model's shapes (``--context``
+    where ``context``), the rounds, where the files go and ``--quick``."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--width", type=int, default=1536)
     ap.add_argument("--blocks", type=int, default=20)
-    ap.add_argument("--context", type=int, default=1024)
+    if context:
+        ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where the temporary files go")
     ap.add_argument("--quick", action="store_true", help="a small model, one round")
     return ap
 
 
-def main() -> None:
-    ap = model_arguments(__doc__)
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+def peer_arguments(
+    ap: argparse.ArgumentParser, venv: str = ".venv-bench", what: str = "runs the peers"
+) -> None:
+    """``--ours-python`` (default this checkout's ``.venv``), which runs jaxshare, and
+    ``--peer-python`` (default its ``venv``), which runs the peers and the checks."""
+    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
+    ap.add_argument("--peer-python", default=venv_python(venv), help=what)
+
+
+def parse(ap: argparse.ArgumentParser, child: Callable[..., None]) -> argparse.Namespace | None:
+    """The command line, or None where this is one of the processes a benchmark runs of
+    itself (``--child OP ARG ...``, hidden), which ``child(OP, ARG, ...)`` then ran."""
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child)
+        return None
+    return args
+
+
+def main() -> None:
+    args = parse(model_arguments(__doc__), child)
+    if args is None:
         return
     compiled()
     if args.quick:
         args.vocab, args.width, args.blocks, args.rounds = 5000, 256, 2, 1
     specs = model_specs(args.vocab, args.width, args.blocks, args.context)
-    sizes = [4 * math.prod(s) for _, s in specs]
-    largest, total = max(sizes), sum(sizes)
-    goal_mb = (2 * largest) / MB + GOAL_OVERHEAD_MB
+    largest, total, goal_mb = float32_sizes(specs)
     root = Path(tempfile.mkdtemp(prefix="stream_convert_", dir=args.dir))
     try:
         model, ref, plans = root / "model.safetensors", root / "ref_ckpt", root / "plans.json"
@@ -386,7 +533,7 @@ def main() -> None:
         subprocess.run(
             [sys.executable, "-m", "jaxshare.cli", "convert", str(model), str(ref)],
             check=True,
-            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
+            env=child_env(),
         )
         write_plans(model, ref, plans)
         inputs = {"orbax": model, "flax": ref, "torch": ref}
@@ -399,7 +546,7 @@ def main() -> None:
                 for side in order:
                     dst = root / f"{side}_{outputs[op]}"
                     results[op][side].append(measure(op, side, inputs[op], dst, plans))
-                    shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+                    remove(dst)
             loads.append(os.getloadavg())
         report(args, results, largest, total, goal_mb, loads)
     finally:
@@ -415,9 +562,7 @@ def report(args, results, largest: int, total: int, goal_mb: float, loads) -> No
     )
     print(
         f"Goals: peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
-        f"time <= {GOAL_TIME:.1f}x the peer. Load average (1 min) during the run: "
-        + ", ".join(f"{la[0]:.1f}" for la in loads)
-        + f" on {os.cpu_count()} CPUs.\n"
+        f"time <= {GOAL_TIME:.1f}x the peer. {load_average(loads)}\n"
     )
     head = (
         f"{'conversion':38} {'side':5} {'peak anon MiB':>13} {'time s':>7} {'work s':>7}"

@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -72,16 +71,21 @@ from pathlib import Path
 from stream_convert import (
     GOAL_OVERHEAD_MB,
     GOAL_TIME,
+    HF_QUIET,
     MB,
     ROOT,
-    SIDES,
+    child_env,
+    copy_synced,
     flatten,
+    json_child,
+    load_average,
     measure_command,
     model_arguments,
     nest,
+    parse,
+    peer_arguments,
     print_sides,
-    remove,
-    venv_python,
+    rotating_rounds,
 )
 
 ITEMS = {"jaxshare": "jaxshare's item -> HF dir", "plain": "plain Orbax item -> HF dir"}
@@ -173,14 +177,9 @@ def child(op: str, *rest: str) -> None:
         peer(*rest)
     elif op == "limit":
         src, dst = rest
-        shutil.copyfile(Path(src) / "model.safetensors", dst)
-        fd = os.open(dst, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        copy_synced(Path(src) / "model.safetensors", dst)
     elif op == "verify":
-        verify(*rest)
+        verify(*rest)  # the model, the conversion, ours' output, the peer's
     else:
         raise SystemExit(f"unknown child {op!r}")
 
@@ -295,9 +294,10 @@ def _tensors(folder: Path) -> dict[str, Path]:
     return found
 
 
-def verify(model: str, *outputs: str) -> None:
+def verify(model: str, item: str, *outputs: str) -> None:
     """Each output directory's tensors against the original's: names, shapes, dtypes and
-    bytes; and its config.json. Prints one JSON line of findings."""
+    bytes; and its config.json (whichever ``item`` the conversion read). Prints one JSON
+    line of findings."""
     import numpy as np
     from safetensors import safe_open
 
@@ -345,14 +345,6 @@ def command(item: str, side: str, src: Path, dst: Path, model: Path, args) -> li
     return [sys.executable, __file__, "--child", "limit", str(model), str(dst)]
 
 
-def _json_child(cmd: list[str], env: dict) -> dict | str:
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode == 0 and found:
-        return found[-1]
-    return f"failed ({run.returncode}): {run.stdout[-1000:]}\n{run.stderr[-3000:]}"
-
-
 def _sources() -> str:
     """A digest of the library's sources, to tell whether they changed during a run."""
     import hashlib
@@ -376,12 +368,9 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=5504, help="the MLP's width")
     ap.add_argument("--heads", type=int, default=16, help="attention heads")
     ap.add_argument("--kv-heads", type=int, default=4, help="key/value heads")
-    ap.add_argument("--ours-python", default=venv_python(".venv"), help="runs jaxshare")
-    ap.add_argument("--peer-python", default=venv_python(".venv"), help="runs the peer")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(*args.child)
+    peer_arguments(ap, ".venv", "runs the peer")
+    args = parse(ap, child)
+    if args is None:
         return
     if args.quick:
         args.vocab, args.width, args.intermediate, args.blocks = 1000, 256, 688, 2
@@ -397,13 +386,7 @@ def main() -> None:
         "tensor": 2 * largest / MB + GOAL_OVERHEAD_MB,  # For information.
         "plain": largest_stacked / MB + GOAL_OVERHEAD_MB,
     }
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": str(ROOT),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = child_env(**HF_QUIET)
     sources = _sources()
     git = ["git", "-C", str(ROOT), "describe", "--always", "--dirty"]
     head = subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
@@ -434,7 +417,7 @@ def main() -> None:
             print(f"FAILED ({made.returncode}): {' '.join(made.args)}\n{made.stdout}")
             print(made.stderr[-4000:])
             return
-        setup = _json_child(
+        setup = json_child(
             [args.peer_python, __file__, "--child", "plain_item", str(model)]
             + [str(items["jaxshare"]), str(items["plain"])],
             env,
@@ -443,28 +426,14 @@ def main() -> None:
             print(f"Set-up of plain Orbax's item {setup}")
             return
         describe_items(model, items, setup)
-        results = {item: {side: [] for side in SIDES} for item in ITEMS}
-        checks: dict[str, dict | str] = {}
-        loads = [os.getloadavg()]
-        for r in range(args.rounds):
-            for item in ITEMS:
-                order = SIDES[r % 3 :] + SIDES[: r % 3]
-                kept = []
-                for side in order:
-                    dst = root / (f"{side}_{item}_hf" if side != "limit" else "copy.safetensors")
-                    cmd = command(item, side, items[item], dst, model, args)
-                    results[item][side].append(measure_command(cmd, dst, env))
-                    if r == 0 and side != "limit" and dst.exists():
-                        kept.append(dst)
-                    else:
-                        remove(dst)
-                if r == 0:
-                    check = [args.peer_python, __file__, "--child", "verify", str(model)]
-                    checks[item] = _json_child([*check, *map(str, kept)], env)
-                    checks[item] = checks[item] if len(kept) == 2 else "not run: a side failed"
-                    for dst in kept:
-                        remove(dst)
-            loads.append(os.getloadavg())
+
+        def run(item: str, side: str) -> tuple[dict | None, Path]:
+            dst = root / (f"{side}_{item}_hf" if side != "limit" else "copy.safetensors")
+            cmd = command(item, side, items[item], dst, model, args)
+            return measure_command(cmd, dst, env), dst
+
+        check = [args.peer_python, __file__, "--child", "verify", str(model)]
+        results, checks, loads = rotating_rounds(args.rounds, ITEMS, run, check, env)
         report(args, results, goals, loads, checks)
         if _sources() != sources:
             print("WARNING: jaxshare's or the bridge's sources changed during the run.")
@@ -492,10 +461,7 @@ def report(args, results, goals, loads, checks) -> None:
         f"{GOAL_OVERHEAD_MB} MiB = {goals['plain']:.0f} MiB from plain Orbax's (for "
         f"information, 2 x largest tensor + {GOAL_OVERHEAD_MB} MiB = {goals['tensor']:.0f} "
         f"MiB); time <= {GOAL_TIME:.1f}x the peer. {args.rounds} round(s), sides rotating. "
-        "Load average "
-        "(1 min) during the run: "
-        + ", ".join(f"{la[0]:.1f}" for la in loads)
-        + f" on {os.cpu_count()} CPUs."
+        + load_average(loads)
     )
     for item, name in ITEMS.items():
         check = checks.get(item, "not run")

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import mmap
 import os
 import shutil
@@ -62,12 +61,20 @@ from pathlib import Path
 
 from roofline import drop_cache, llama_config, model_specs, write_model
 from roofline import files_of as path_files
-from stream_convert import PEAKMEM, ROOT, flatten
+from stream_convert import (
+    GOAL_OVERHEAD_MB,
+    MB,
+    child_env,
+    flatten,
+    float32_sizes,
+    last_json,
+    load_average,
+    model_arguments,
+    peakmem,
+)
 
-MB = 2**20
 GOAL_TIME = 1.2
-GOAL_OVERHEAD_MB = 400
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+ENV = child_env(HF_HUB_OFFLINE="1")
 JAXSHARE = [sys.executable, "-m", "jaxshare.cli"]
 
 
@@ -151,26 +158,19 @@ def child(paths: list[str]) -> None:
 def verify_cli(paths: list[Path]) -> dict:
     """``jaxshare verify PATHS`` in a fresh process under peakmem: its figures."""
     cmd = [*JAXSHARE, "verify", *map(str, paths)]
-    run = subprocess.run(
-        [sys.executable, str(PEAKMEM), "--json", "--", *cmd],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        check=False,
-    )
-    stats = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or not stats or not run.stdout.startswith("equal: "):
+    run, stats = peakmem(cmd, ENV)
+    if run.returncode != 0 or stats is None or not run.stdout.startswith("equal: "):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
-    return stats[-1]
+    return stats
 
 
 def verify_work(paths: list[Path]) -> float:
     cmd = [sys.executable, __file__, "--child", *map(str, paths)]
     run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=False)
-    out = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if run.returncode != 0 or not out or not out[-1]["ok"]:
+    out = last_json(run.stdout)
+    if run.returncode != 0 or out is None or not out["ok"]:
         raise RuntimeError(f"bridge.verify{tuple(map(str, paths))} failed:\n{run.stderr[-3000:]}")
-    return out[-1]["work_s"]
+    return out["work_s"]
 
 
 def sha256_seconds(path: Path) -> float:
@@ -202,14 +202,9 @@ def measure(paths: list[Path]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--width", type=int, default=2048)
-    ap.add_argument("--blocks", type=int, default=6)
+    ap = model_arguments(__doc__, context=False)
+    ap.set_defaults(vocab=32000, width=2048, blocks=6)
     ap.add_argument("--inner", type=int, default=5504)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dir", default=None, help="where the temporary files go")
-    ap.add_argument("--quick", action="store_true", help="a small model, one round")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--read", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -220,9 +215,7 @@ def main() -> None:
     if args.quick:
         args.vocab, args.width, args.blocks, args.inner, args.rounds = 5000, 256, 2, 688, 1
     specs = model_specs(args.vocab, args.width, args.blocks, args.inner)
-    sizes = [4 * math.prod(s) for _, s in specs]
-    largest, total = max(sizes), sum(sizes)
-    goal_mb = 2 * largest / MB + GOAL_OVERHEAD_MB
+    largest, total, goal_mb = float32_sizes(specs)
     root = Path(tempfile.mkdtemp(prefix="verify_", dir=args.dir))
     free = shutil.disk_usage(root).free
     if free < 4.5 * total:
@@ -282,8 +275,7 @@ def report(
     print(
         f"Goals: peak anon <= 2 x largest + {GOAL_OVERHEAD_MB} MiB = {goal_mb:.0f} MiB; "
         f"time <= {GOAL_TIME:.1f}x reading both inputs once, held against `read` (each input "
-        "by its usual reader, a fresh process) and against `cat`. Load average (1 min) during "
-        "the run: " + ", ".join(f"{la[0]:.1f}" for la in loads) + f" on {os.cpu_count()} CPUs.\n"
+        f"by its usual reader, a fresh process) and against `cat`. {load_average(loads)}\n"
     )
     head = (
         f"{'case':38} {'MiB in':>6} {'peak MiB':>8} {'cat warm':>8} {'read warm':>9} "

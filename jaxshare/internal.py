@@ -5,8 +5,9 @@ command are built on these, as are readers and writers of other formats. They
 are documented and kept working within a release, but are not the user-facing
 API (that is ``jaxshare``, ``jaxshare.stream``, ``jaxshare.checkpoint``,
 ``jaxshare.formats`` and ``bridge``). Upper layers import them from here, never
-from ``jaxshare._*`` or ``jaxshare.formats._*`` modules; each keeps the name it
-has in its home, and the list below is grouped by home.
+from the modules of ``jaxshare.core``, ``jaxshare.io`` or ``jaxshare.formats``
+themselves; each keeps the name it has in its home, and the list below is grouped
+by layer and home.
 """
 
 import typing as _typing
@@ -14,40 +15,33 @@ import typing as _typing
 from jaxshare._lazy import exports as _exports
 
 if _typing.TYPE_CHECKING:
+    from jaxshare._lazy import exports as exports
+    from jaxshare._lazy import missing_extra as missing_extra
     from jaxshare.core.alias import as_alias_map as as_alias_map
     from jaxshare.core.dtype import cast_to as cast_to
     from jaxshare.core.dtype import float_dtype as float_dtype
     from jaxshare.core.dtype import is_floating as is_floating
     from jaxshare.core.dtype import numpy_dtype as numpy_dtype
     from jaxshare.core.errors import UsageError as UsageError
-    from jaxshare._lazy import exports as exports
-    from jaxshare._lazy import missing_extra as missing_extra
     from jaxshare.core.manifest import Manifest as Manifest
     from jaxshare.core.manifest import ManifestEntry as ManifestEntry
     from jaxshare.core.manifest import TensorHash as TensorHash
     from jaxshare.core.manifest import tensor_digest as tensor_digest
-    from jaxshare.io.mapped import FileRange as FileRange
-    from jaxshare.io.mapped import map_file as map_file
     from jaxshare.core.memory import Extent as Extent
     from jaxshare.core.memory import MemoryTies as MemoryTies
     from jaxshare.core.memory import array_key as array_key
     from jaxshare.core.memory import memory_ties as memory_ties
     from jaxshare.core.memory import numpy_extent as numpy_extent
-    from jaxshare.core.nnx import is_nnx_module as is_nnx_module
-    from jaxshare.core.nnx import is_nnx_state as is_nnx_state
-    from jaxshare.core.nnx import is_variable as is_variable
-    from jaxshare.core.nnx import variable_value as variable_value
     from jaxshare.core.naming import LAYER as LAYER
     from jaxshare.core.naming import layer_name as layer_name
     from jaxshare.core.naming import layer_perm as layer_perm
     from jaxshare.core.naming import lift as lift
     from jaxshare.core.naming import stack_axis as stack_axis
     from jaxshare.core.naming import stack_prefix as stack_prefix
-    from jaxshare.io.equal import same_bytes as same_bytes
-    from jaxshare.io.equal import words as words
-    from jaxshare.io.atomic import OutputKind as OutputKind
-    from jaxshare.io.atomic import atomic_output as atomic_output
-    from jaxshare.io.atomic import check_not_an_input as check_not_an_input
+    from jaxshare.core.nnx import is_nnx_module as is_nnx_module
+    from jaxshare.core.nnx import is_nnx_state as is_nnx_state
+    from jaxshare.core.nnx import is_variable as is_variable
+    from jaxshare.core.nnx import variable_value as variable_value
     from jaxshare.core.paths import Path as Path
     from jaxshare.core.paths import keypath_to_path as keypath_to_path
     from jaxshare.core.paths import nest as nest
@@ -55,25 +49,33 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.paths import render_part as render_part
     from jaxshare.core.paths import split as split
     from jaxshare.core.perm import Perm as Perm
-    from jaxshare.io.plan import PlannedSource as PlannedSource
     from jaxshare.core.perm import as_perm as as_perm
     from jaxshare.core.perm import compose as compose
-    from jaxshare.io.transpose import contiguous_transpose as contiguous_transpose
     from jaxshare.core.perm import inverse as inverse
     from jaxshare.core.perm import permute_shape as permute_shape
     from jaxshare.core.perm import transpose as transpose
     from jaxshare.core.report import format_bytes as format_bytes
+    from jaxshare.core.strict_json import reading as reading
+    from jaxshare.io.atomic import OutputKind as OutputKind
+    from jaxshare.io.atomic import atomic_output as atomic_output
+    from jaxshare.io.atomic import check_not_an_input as check_not_an_input
+    from jaxshare.io.equal import same_bytes as same_bytes
+    from jaxshare.io.equal import words as words
+    from jaxshare.io.mapped import FileRange as FileRange
+    from jaxshare.io.mapped import map_file as map_file
+    from jaxshare.io.plan import PlannedSource as PlannedSource
     from jaxshare.io.source import Index as Index
     from jaxshare.io.source import RecordedTie as RecordedTie
     from jaxshare.io.source import RetiedSource as RetiedSource
     from jaxshare.io.source import UnheldTies as UnheldTies
+    from jaxshare.io.source import file_part as file_part
     from jaxshare.io.stack import StackedSource as StackedSource
     from jaxshare.io.stack import UnstackedSource as UnstackedSource
     from jaxshare.io.stack import layer_prefixes as layer_prefixes
     from jaxshare.io.stack import per_layer as per_layer
     from jaxshare.io.stack import unstacked as unstacked
-    from jaxshare.io.source import file_part as file_part
     from jaxshare.io.threads import parallel_map as parallel_map
+    from jaxshare.io.transpose import contiguous_transpose as contiguous_transpose
     from jaxshare.formats.deepspeed.files import STAND_INS as STAND_INS
     from jaxshare.formats.deepspeed.files import load_deepspeed_file as load_deepspeed_file
     from jaxshare.formats.hf.files import HF_DIRECTORY as HF_DIRECTORY
@@ -93,12 +95,12 @@ if _typing.TYPE_CHECKING:
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
+        # The core.
+        "jaxshare._lazy": ["exports", "missing_extra"],
         "jaxshare.core.alias": ["as_alias_map"],
         "jaxshare.core.dtype": ["cast_to", "float_dtype", "is_floating", "numpy_dtype"],
         "jaxshare.core.errors": ["UsageError"],
-        "jaxshare._lazy": ["exports", "missing_extra"],
         "jaxshare.core.manifest": ["Manifest", "ManifestEntry", "TensorHash", "tensor_digest"],
-        "jaxshare.io.mapped": ["FileRange", "map_file"],
         "jaxshare.core.memory": [
             "Extent",
             "MemoryTies",
@@ -115,9 +117,6 @@ __getattr__, __dir__, __all__ = _exports(
             "stack_prefix",
         ],
         "jaxshare.core.nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
-        "jaxshare.io.equal": ["same_bytes", "words"],
-        "jaxshare.io.transpose": ["contiguous_transpose"],
-        "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],
         "jaxshare.core.paths": [
             "Path",
             "keypath_to_path",
@@ -134,8 +133,13 @@ __getattr__, __dir__, __all__ = _exports(
             "permute_shape",
             "transpose",
         ],
-        "jaxshare.io.plan": ["PlannedSource"],
         "jaxshare.core.report": ["format_bytes"],
+        "jaxshare.core.strict_json": ["reading"],
+        # The I/O engine.
+        "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],
+        "jaxshare.io.equal": ["same_bytes", "words"],
+        "jaxshare.io.mapped": ["FileRange", "map_file"],
+        "jaxshare.io.plan": ["PlannedSource"],
         "jaxshare.io.source": ["Index", "RecordedTie", "RetiedSource", "UnheldTies", "file_part"],
         "jaxshare.io.stack": [
             "StackedSource",
@@ -145,6 +149,8 @@ __getattr__, __dir__, __all__ = _exports(
             "unstacked",
         ],
         "jaxshare.io.threads": ["parallel_map"],
+        "jaxshare.io.transpose": ["contiguous_transpose"],
+        # The formats.
         "jaxshare.formats.deepspeed.files": ["STAND_INS", "load_deepspeed_file"],
         "jaxshare.formats.hf.files": ["HF_DIRECTORY", "check_not_a_shard", "is_hf_directory"],
         "jaxshare.formats.item_files": ["ITEM", "asset_files"],

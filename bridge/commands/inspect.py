@@ -27,16 +27,17 @@ def inspect(path: str | os.PathLike | TensorSource, /) -> TieReport:
     ``jaxshare inspect PATH`` prints (``--json``: :meth:`TieReport.to_json`).
 
     Raises:
-      UsageError: ``path`` is of no kind jaxshare reads.
-      FileNotFoundError, ValueError: a missing or unreadable input (one line).
+      UsageError, FileNotFoundError, ValueError: ``path`` is of no kind jaxshare
+        reads, missing or unreadable (one line).
 
     >>> import tempfile, numpy as np
     >>> from safetensors.numpy import save_file
-    >>> path = tempfile.mkdtemp() + "/model.safetensors"
-    >>> save_file({"wte.weight": np.zeros((4, 2), np.float32)}, path)
-    >>> report = inspect(path)
-    >>> report.kind, report.bytes_stored, dict(report.alias_map)
-    ('safetensors', 32, {})
+    >>> folder = tempfile.mkdtemp()
+    >>> save_file({"wte.weight": np.zeros((4, 2), np.float32)}, f"{folder}/m.safetensors",
+    ...           metadata={"lm_head.weight": "wte.weight"})  # safetensors' save_model's record
+    >>> report = inspect(f"{folder}/m.safetensors")
+    >>> report.kind, report.bytes_stored, report.bytes_saved, dict(report.alias_map)
+    ('safetensors', 32, 32, {'lm_head.weight': 'wte.weight'})
     """
     if isinstance(path, (str, os.PathLike)) and reader_of(path).trains(Path(path)):
         training = open_training(path)

@@ -57,6 +57,14 @@ class Options:
     compression: str = "zstd"
     ties: Mapping[str, str] | Sequence[str] = ()
 
+    def given(self, *names: str) -> dict[str, Any]:
+        """These options, by name, as a writer's keyword arguments.
+
+        >>> Options(Rules(), force=True).given("force", "manifest")
+        {'force': True, 'manifest': False}
+        """
+        return {name: getattr(self, name) for name in names}
+
 
 #: A writer: ``write(dst, source, options)`` writes ``source`` at ``dst``.
 Writer = Callable[[Path, Any, Options], None]
@@ -81,19 +89,26 @@ def _torch_named(source: TensorSource, options: Options, fmt: str) -> tuple[Plan
     return in_torch_names(source, rules=options.rules, layout=options.layout)
 
 
+def _streamed(
+    write: Callable[..., object],
+    dst: Path,
+    plan: Plan,
+    reads: TensorSource,
+    options: Options,
+    **more: Any,
+) -> None:
+    """``write(dst, plan, reads, ...)`` of the plan's outputs, cast as asked."""
+    write(
+        dst, plan.cast(options.dtype), reads, **options.given("force", "inputs", "progress"), **more
+    )
+
+
 def _orbax(dst: Path, source: TensorSource, options: Options) -> None:
     from jaxshare import checkpoint
 
     plan, reads = _flax_named(source, options)
-    checkpoint.write_item(
-        dst,
-        plan.cast(options.dtype),
-        reads,
-        force=options.force,
-        inputs=options.inputs,
-        progress=options.progress,
-        manifest=options.manifest,
-        compression=options.compression,
+    _streamed(
+        checkpoint.write_item, dst, plan, reads, options, **options.given("manifest", "compression")
     )
 
 
@@ -106,55 +121,29 @@ def _safetensors(dst: Path, source: TensorSource, options: Options) -> None:
 
         # Every alias written out too, for readers that know no ties.
         checkpoint.consolidate_to_safetensors(
-            source.where,
-            dst,
-            dtype=options.dtype,
-            force=options.force,
-            progress=options.progress,
-            manifest=options.manifest,
+            source.where, dst, **options.given("dtype", "force", "progress", "manifest")
         )
         return
     if flax:
         plan, reads = _flax_named(source, options)
     else:
         plan, reads = _torch_named(source, options, "safetensors")
-    save_plan(
-        dst,
-        plan.cast(options.dtype),
-        reads,
-        force=options.force,
-        inputs=options.inputs,
-        progress=options.progress,
-        manifest=options.manifest,
-    )
+    _streamed(save_plan, dst, plan, reads, options, **options.given("manifest"))
 
 
 def _torch(dst: Path, source: TensorSource, options: Options) -> None:
     from bridge.torch.torch_file import save_torch  # (A pickle of torch tensors.)
 
-    plan, reads = _torch_named(source, options, "torch")
-    save_torch(
-        plan.cast(options.dtype),
-        reads,
-        dst,
-        force=options.force,
-        inputs=options.inputs,
-        progress=options.progress,
-    )
+    def write(dst: Path, plan: Plan, reads: TensorSource, **given: Any) -> None:
+        save_torch(plan, reads, dst, **given)
+
+    _streamed(write, dst, *_torch_named(source, options, "torch"), options)
 
 
 def _dcp(dst: Path, source: TensorSource, options: Options) -> None:
     from jaxshare.formats import write_dcp
 
-    plan, reads = _torch_named(source, options, "dcp")
-    write_dcp(
-        dst,
-        plan.cast(options.dtype),
-        reads,
-        force=options.force,
-        inputs=options.inputs,
-        progress=options.progress,
-    )
+    _streamed(write_dcp, dst, *_torch_named(source, options, "dcp"), options)
 
 
 def _hf(dst: Path, source: TensorSource, options: Options) -> None:
@@ -167,33 +156,14 @@ def _hf(dst: Path, source: TensorSource, options: Options) -> None:
             "(the input has none)."
         )
     # save_hf plans: a naming record, else the config's model class, names Flax leaves.
-    save_hf(
-        dst,
-        source,
-        dtype=options.dtype,
-        config=config,
-        max_shard_size=options.max_shard_size,
-        force=options.force,
-        inputs=options.inputs,
-        progress=options.progress,
-        rules=options.rules,
-        layout=options.layout,
-        manifest=options.manifest,
-    )
+    named = ("dtype", "max_shard_size", "force", "inputs", "progress", "rules", "layout")
+    save_hf(dst, source, config=config, manifest=options.manifest, **options.given(*named))
 
 
 def _run(dst: Path, src: Any, options: Options) -> None:
     from bridge.training.run import convert_training  # (optax's layouts: 14 ms to import)
 
-    convert_training(
-        src,
-        dst,
-        force=options.force,
-        rules=options.rules,
-        layout=options.layout,
-        ties=options.ties,
-        config=options.config,
-    )
+    convert_training(src, dst, **options.given("force", "rules", "layout", "ties", "config"))
 
 
 #: The writer of each output format (``format=``, ``--format``).

@@ -26,13 +26,7 @@ from bridge.hf.usual_names import usual_ties
 from bridge.layouts.rules import Rules
 from jaxshare.formats import CONFIG_FILE
 
-__all__ = [
-    "ConfigTies",
-    "config_dict",
-    "config_ties",
-    "encoder_decoder_ties",
-    "has_transformers",
-]
+__all__ = ["ConfigTies", "config_dict", "config_ties", "encoder_decoder_ties", "has_transformers"]
 
 
 @dataclass(frozen=True)

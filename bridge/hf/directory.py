@@ -43,7 +43,7 @@ from jaxshare.formats import (
     open_weights_file,
     read_index,
 )
-from jaxshare.internal import FileRange, Index, Manifest, file_part
+from jaxshare.internal import FileRange, Index, Manifest, file_part, reading
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["READER", "HFDirectory"]
@@ -237,10 +237,8 @@ class HFDirectory(TensorSource):
         doc = read_index(weights.index).metadata.get(MANIFEST_KEY)
         if doc is None:
             return None
-        try:
+        with reading(f"{weights.index}: metadata {MANIFEST_KEY!r}"):
             return Manifest.from_json(json.dumps(doc))
-        except ValueError as e:
-            raise ValueError(f"{weights.index}: metadata {MANIFEST_KEY!r}: {e}") from None
 
     def _shard(self, name: str) -> TensorSource:
         try:

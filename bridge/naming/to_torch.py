@@ -26,7 +26,7 @@ from jaxshare.stream import ProgressFn
 if TYPE_CHECKING:
     from bridge.sources.registry import Source
 
-__all__ = ["to_torch", "torch_conversion"]
+__all__ = ["to_torch"]
 
 
 def _torch_tensors(
@@ -113,28 +113,6 @@ def _per_layer(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return result
 
 
-def torch_conversion(
-    variables: Any,
-    alias_map: Mapping[str, str] | None = None,
-    *,
-    like: Source | None = None,
-    rules: RulesArg = None,
-    layout: str | Layout | None = None,
-    progress: ProgressFn | None = None,
-) -> dict[str, torch.Tensor]:
-    """:func:`to_torch` with a progress callback."""
-    rules = layout_rules(layout, rules, model_config(like))
-    tree, amap, torch_map = flax_variables(variables, alias_map)
-    plan = name_leaves(tree, amap, like, rules, torch_map or ())
-    out = _torch_tensors(plan, progress)
-    _apply_torch_map(out, torch_map)
-    for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.
-        out[alias] = out[canonical]
-    out = _per_layer(out)
-    # With `like`, every name is placed or filled by the map: give them in its order.
-    return out if plan.like_keys is None else {k: out[k] for k in plan.like_keys}
-
-
 def to_torch(
     variables: Any,
     alias_map: Mapping[str, str] | None = None,
@@ -143,6 +121,7 @@ def to_torch(
     like: Source | None = None,
     rules: RulesArg = None,
     layout: str | Layout | None = None,
+    progress: ProgressFn | None = None,
 ) -> dict[str, torch.Tensor]:
     """Flax variables as a PyTorch state dict, every tie one tensor again.
 
@@ -174,6 +153,7 @@ def to_torch(
         its family quirks come from ``like``'s config, when ``like`` is a
         transformers model). A naming record in the alias map names every leaf
         exactly whatever the layout.
+      progress: ``progress(done, total, name, nbytes)`` after each tensor.
 
     Raises:
       ValueError: a canonical path missing, an alias of the wrong shape, two leaves
@@ -192,4 +172,13 @@ def to_torch(
     >>> sd["head.weight"] is sd["wte.weight"]
     True
     """
-    return torch_conversion(variables, alias_map, like=like, rules=rules, layout=layout)
+    rules = layout_rules(layout, rules, model_config(like))
+    tree, amap, torch_map = flax_variables(variables, alias_map)
+    plan = name_leaves(tree, amap, like, rules, torch_map or ())
+    out = _torch_tensors(plan, progress)
+    _apply_torch_map(out, torch_map)
+    for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.
+        out[alias] = out[canonical]
+    out = _per_layer(out)
+    # With `like`, every name is placed or filled by the map: give them in its order.
+    return out if plan.like_keys is None else {k: out[k] for k in plan.like_keys}

@@ -370,23 +370,17 @@ def torch_plan(
 
 
 def in_torch_names(
-    source: TensorSource,
-    /,
-    *,
-    like: Any = None,
-    rules: RulesArg = None,
-    layout: str | Layout | None = None,
-    config: Mapping[str, Any] | None = None,
+    source: TensorSource, /, *, layout: str | Layout | None = None, **naming: Any
 ) -> tuple[Plan, TensorSource]:
     """The one answer to "this source in PyTorch names": the plan naming each of its
     tensors, and the source that plan reads.
 
     A PyTorch-named source is itself. A Flax-named one in a layout with a view of its
     own (MaxText, :attr:`bridge.Layout.view`) is that view, read as it names its
-    tensors. Any other is named by :func:`torch_plan` (its naming record, ``like``,
-    or ``layout``'s rules for ``config``'s model), and the layers of a stack are read
-    one at a time (:func:`jaxshare.internal.unstacked`), so every name is one
-    tensor of the PyTorch model.
+    tensors. Any other is named by :func:`torch_plan` (its naming record, or the
+    ``naming`` it takes: ``like``, ``rules``, ``config`` for ``layout``'s rules), and
+    the layers of a stack are read one at a time (:func:`jaxshare.internal.unstacked`),
+    so every name is one tensor of the PyTorch model.
 
     >>> import jax.numpy as jnp, tempfile
     >>> from jaxshare import checkpoint
@@ -400,11 +394,9 @@ def in_torch_names(
         return Plan.identity(source), source
     view = None if layout is None else as_layout(layout).view
     if view is not None:
-        named = view(source, config)
+        named = view(source, naming.get("config"))
         return Plan.identity(named), named
-    return unstacked(
-        torch_plan(source, like=like, rules=rules, layout=layout, config=config), source
-    )
+    return unstacked(torch_plan(source, layout=layout, **naming), source)
 
 
 def torch_aliases(aliases: Any, arg: str) -> AliasMap:

@@ -30,7 +30,7 @@ from jaxshare.core.naming import MAX_JSON_BYTES as MAX_NAMING_BYTES
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.paths import flatten_with_paths, render
 from jaxshare.core.report import ArrayInfo
-from jaxshare.core.strict_json import loads
+from jaxshare.core.strict_json import loads, reading
 from jaxshare.formats import (
     ALIAS_MAP_FILE,
     EMPTY_ARRAYS_KEY,
@@ -121,18 +121,14 @@ def read_alias_map_file(item_dir: ItemDir) -> AliasMap:
     """
     path = item_dir / ALIAS_MAP_FILE
     data = _read_limited(path, MAX_JSON_BYTES, "an alias map")
-    try:
+    with reading(path, _FIX):
         amap = AliasMap() if data is None else AliasMap.from_json(data)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e} {_FIX}") from None
     naming_path = item_dir / NAMING_FILE
     data = _read_limited(naming_path, MAX_NAMING_BYTES, "a naming record")
     if data is None:
         return amap
-    try:
+    with reading(naming_path, _FIX):
         return amap.with_naming(NamingRecord.from_json(data))
-    except ValueError as e:
-        raise ValueError(f"{naming_path}: {e} {_FIX}") from None
 
 
 def open_item(
@@ -203,10 +199,8 @@ def _read_metadata(item_dir: Path) -> _Metadata:
 
     file = item_dir / ORBAX_METADATA_FILE
     data = _read_limited(file, MAX_METADATA_BYTES, "Orbax's metadata")
-    try:
+    with reading(file):
         doc = loads(data or b"", what="Orbax's metadata")
-    except ValueError as e:
-        raise ValueError(f"{file}: {e}") from None
     try:
         leaves = [
             (

@@ -19,7 +19,7 @@ from jaxshare.checkpoint._item import StoredItem, open_item, sample
 from jaxshare.checkpoint._read import LeafReader
 from jaxshare.core.dtype import float_dtype
 from jaxshare.core.manifest import Manifest
-from jaxshare.core.strict_json import loads
+from jaxshare.core.strict_json import loads, reading
 from jaxshare.formats import ALIAS_MAP_FILE, CONFIG_FILE, MANIFEST_FILE, find_item, item_assets
 from jaxshare.io.source import Index, TensorSource
 
@@ -63,10 +63,8 @@ class CheckpointSource(TensorSource):
         file = self.item.directory / MANIFEST_FILE
         if not file.is_file():
             return None
-        try:
+        with reading(file):
             return Manifest.from_json(file.read_bytes())
-        except ValueError as e:
-            raise ValueError(f"{file}: {e}") from None
 
     def read(self, name: str) -> np.ndarray:
         return self._reader.read(name)

@@ -70,23 +70,24 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     report = bridge.verify(args.a, args.b, dtype=args.dtype, limit=args.limit)
-    if args.json:
-        print(report.to_json())
-    else:
-        from jaxshare.cli._render import print_verify
-
-        print_verify(report)
-    return 0 if report.ok else 1
+    return _verdict(args, report, "print_verify")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    report = bridge.check(args.path, config=args.config)
+    return _verdict(args, bridge.check(args.path, config=args.config), "print_check")
+
+
+def _verdict(
+    args: argparse.Namespace, report: bridge.VerifyReport | bridge.CheckReport, printer: str
+) -> int:
+    """Prints a ``verify`` or ``check`` report, by ``printer`` of ``_render`` (``--json``:
+    as JSON, with no table library imported); 0 when it is clean."""
     if args.json:
         print(report.to_json())
     else:
-        from jaxshare.cli._render import print_check
+        from jaxshare.cli import _render
 
-        print_check(report)
+        getattr(_render, printer)(report)
     return 0 if report.ok else 1
 
 

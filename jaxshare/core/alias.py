@@ -10,17 +10,20 @@ wte/embedding.T``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from jaxshare.core.frozen import FrozenMapping
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.perm import Perm, as_perm, compose
-from jaxshare.core.strict_json import load_document
+from jaxshare.core.strict_json import Kind, load_document
 
 __all__ = ["check_path", "AliasMap", "FORMAT", "MAX_JSON_BYTES", "VERSION", "as_alias_map"]
 
 FORMAT = "jaxshare.alias_map"
 VERSION = 1
+#: This document kind, for the strict parser.
+DOCUMENT = Kind("alias map", FORMAT, VERSION)
 #: ``from_json`` refuses larger input; a real alias map is a few kilobytes.
 MAX_JSON_BYTES = 16 * 2**20
 
@@ -36,7 +39,7 @@ def check_path(value: Any, what: str) -> str:
     return value
 
 
-class AliasMap(Mapping[str, str]):
+class AliasMap(FrozenMapping[str, str]):
     """An immutable map from alias path to canonical path.
 
     Invariants, checked on construction: no alias is its own canonical, no
@@ -70,7 +73,7 @@ class AliasMap(Mapping[str, str]):
     AliasMap({'b': 'a', 'c': 'a'})
     """
 
-    __slots__ = ("_aliases", "_transforms", "_naming", "_hash")
+    __slots__ = ("_entries", "_transforms", "_naming", "_hash")
 
     def __init__(
         self,
@@ -113,7 +116,7 @@ class AliasMap(Mapping[str, str]):
             resolved[alias] = target
             if perm is not None:
                 resolved_perms[alias] = perm
-        self._aliases = resolved
+        self._entries = resolved
         self._transforms = resolved_perms
         self._naming = naming or None
         self._hash: int | None = None
@@ -129,38 +132,26 @@ class AliasMap(Mapping[str, str]):
         AliasMap({'b': 'a'})
         """
         self = cls.__new__(cls)
-        self._aliases = {a: aliases[a] for a in sorted(aliases)}
+        self._entries = {a: aliases[a] for a in sorted(aliases)}
         self._transforms = {}
         self._naming = None
         self._hash = None
         return self
 
     # -- Mapping --------------------------------------------------------------
-    def __getitem__(self, alias: str) -> str:
-        return self._aliases[alias]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._aliases)
-
-    def __len__(self) -> int:
-        return len(self._aliases)
-
-    def __contains__(self, alias: object) -> bool:
-        return alias in self._aliases
-
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if isinstance(other, AliasMap):
-            return self._aliases == other._aliases and self._transforms == other._transforms
+            return self._entries == other._entries and self._transforms == other._transforms
         if isinstance(other, Mapping):
-            return not self._transforms and self._aliases == dict(other.items())
+            return not self._transforms and self._entries == dict(other.items())
         return NotImplemented
 
     def __hash__(self) -> int:
         if self._hash is None:
             self._hash = hash(
-                (frozenset(self._aliases.items()), frozenset(self._transforms.items()))
+                (frozenset(self._entries.items()), frozenset(self._transforms.items()))
             )
         return self._hash
 
@@ -168,7 +159,7 @@ class AliasMap(Mapping[str, str]):
         extra = f", transforms={self._transforms!r}" if self._transforms else ""
         if self._naming is not None:
             extra += f", naming={self._naming!r}"
-        return f"AliasMap({self._aliases!r}{extra})"
+        return f"AliasMap({self._entries!r}{extra})"
 
     # -- queries --------------------------------------------------------------
     def transform(self, alias: str) -> Perm | None:
@@ -177,7 +168,7 @@ class AliasMap(Mapping[str, str]):
         Raises:
           KeyError: ``alias`` is not an alias in this map.
         """
-        if alias not in self._aliases:
+        if alias not in self._entries:
             raise KeyError(f"{alias!r} is not an alias in this map.")
         return self._transforms.get(alias)
 
@@ -188,7 +179,7 @@ class AliasMap(Mapping[str, str]):
 
     def with_naming(self, naming: NamingRecord | None) -> AliasMap:
         """This map with ``naming`` as its naming record."""
-        return AliasMap(self._aliases, transforms=self._transforms, naming=naming)
+        return AliasMap(self._entries, transforms=self._transforms, naming=naming)
 
     @property
     def transforms(self) -> Mapping[str, Perm]:
@@ -198,7 +189,7 @@ class AliasMap(Mapping[str, str]):
     def groups(self) -> dict[str, tuple[str, ...]]:
         """``{canonical: (alias, ...)}``, canonicals and aliases sorted."""
         out: dict[str, list[str]] = {}
-        for alias, canonical in self._aliases.items():
+        for alias, canonical in self._entries.items():
             out.setdefault(canonical, []).append(alias)
         return {c: tuple(sorted(a)) for c, a in sorted(out.items())}
 
@@ -210,7 +201,7 @@ class AliasMap(Mapping[str, str]):
         AliasMap({'params/a/x': 'params/b/x'})
         """
         return AliasMap(
-            {fn(a): fn(c) for a, c in self._aliases.items()},
+            {fn(a): fn(c) for a, c in self._entries.items()},
             transforms={fn(a): p for a, p in self._transforms.items()},
             naming=None if self._naming is None else self._naming.rename(fn),
         )
@@ -224,8 +215,8 @@ class AliasMap(Mapping[str, str]):
         '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"b": "a"}}'
         """
         entries: dict[str, Any] = {}
-        for alias in sorted(self._aliases):
-            target = self._aliases[alias]
+        for alias in sorted(self._entries):
+            target = self._entries[alias]
             perm = self._transforms.get(alias)
             entries[alias] = target if perm is None else {"target": target, "permute": list(perm)}
         doc = {"format": FORMAT, "version": VERSION, "aliases": entries}
@@ -244,14 +235,7 @@ class AliasMap(Mapping[str, str]):
         ...                    '"aliases": {"k": {"target": "e", "permute": [1, 0]}}}')
         AliasMap({'k': 'e'}, transforms={'k': (1, 0)})
         """
-        doc = load_document(
-            text,
-            what="alias map",
-            format=FORMAT,
-            version=VERSION,
-            fields={"aliases": dict},
-            max_bytes=max_bytes,
-        )
+        doc = load_document(text, DOCUMENT, {"aliases": dict}, max_bytes=max_bytes)
         entries = doc["aliases"]
         aliases: dict[str, str] = {}
         transforms: dict[str, Any] = {}

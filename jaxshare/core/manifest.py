@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 import numpy as np
 
-from jaxshare.core.strict_json import load_document
+from jaxshare.core.frozen import FrozenMapping
+from jaxshare.core.strict_json import Kind, load_document
 
 __all__ = [
     "ALGORITHM",
@@ -41,6 +42,8 @@ __all__ = [
 
 FORMAT = "jaxshare.manifest"
 VERSION = 1
+#: This document kind, for the strict parser.
+DOCUMENT = Kind("manifest", FORMAT, VERSION)
 ALGORITHM = "sha256"
 #: ``from_json`` refuses larger input (an entry is ~150 bytes per tensor).
 MAX_JSON_BYTES = 64 * 2**20
@@ -113,7 +116,7 @@ def _check(name: object, entry: object) -> ManifestEntry:
     return entry
 
 
-class Manifest(Mapping[str, ManifestEntry]):
+class Manifest(FrozenMapping[str, ManifestEntry]):
     """An immutable map from stored tensor name to :class:`ManifestEntry`.
 
     Raises:
@@ -133,15 +136,6 @@ class Manifest(Mapping[str, ManifestEntry]):
         self, entries: Mapping[str, ManifestEntry] | Iterable[tuple[str, ManifestEntry]] = (), /
     ) -> None:
         self._entries = {name: _check(name, e) for name, e in dict(entries).items()}
-
-    def __getitem__(self, name: str) -> ManifestEntry:
-        return self._entries[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Manifest):
@@ -176,10 +170,8 @@ class Manifest(Mapping[str, ManifestEntry]):
         """
         doc = load_document(
             text,
-            what="manifest",
-            format=FORMAT,
-            version=VERSION,
-            fields={"algorithm": str, "tensors": dict},
+            DOCUMENT,
+            {"algorithm": str, "tensors": dict},
             max_bytes=max_bytes,
         )
         if doc["algorithm"] != ALGORITHM:

@@ -18,11 +18,12 @@ JSON, strict like the alias map's::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from jaxshare.core.frozen import FrozenMapping
 from jaxshare.core.perm import Perm, as_perm
-from jaxshare.core.strict_json import load_document
+from jaxshare.core.strict_json import Kind, load_document
 
 __all__ = [
     "FORMAT",
@@ -40,6 +41,8 @@ __all__ = [
 
 FORMAT = "jaxshare.naming"
 VERSION = 1
+#: This document kind, for the strict parser.
+DOCUMENT = Kind("naming record", FORMAT, VERSION)
 #: ``from_json`` refuses larger input (a record is ~100 bytes per leaf).
 MAX_JSON_BYTES = 64 * 2**20
 
@@ -148,7 +151,7 @@ def _check(path: Any, entry: Any) -> Naming:
     return Naming(name, as_perm(entry.permute, f"naming record: the permutation of {path!r}"))
 
 
-class NamingRecord(Mapping[str, Naming]):
+class NamingRecord(FrozenMapping[str, Naming]):
     """An immutable map from Flax path to :class:`Naming` (PyTorch name, permutation).
 
     Raises:
@@ -182,15 +185,6 @@ class NamingRecord(Mapping[str, Naming]):
             checked[path] = naming
         self._entries = checked
         self._hash: int | None = None
-
-    def __getitem__(self, path: str) -> Naming:
-        return self._entries[path]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, NamingRecord):
@@ -228,14 +222,7 @@ class NamingRecord(Mapping[str, Naming]):
             unknown format or version, unexpected fields or types, or an invalid
             record. Nothing is returned half-loaded.
         """
-        doc = load_document(
-            text,
-            what="naming record",
-            format=FORMAT,
-            version=VERSION,
-            fields={"leaves": dict},
-            max_bytes=max_bytes,
-        )
+        doc = load_document(text, DOCUMENT, {"leaves": dict}, max_bytes=max_bytes)
         entries: dict[str, Any] = {}
         for path, entry in doc["leaves"].items():
             if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= {"torch", "permute"}:

@@ -17,14 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "Perm",
-    "as_perm",
-    "compose",
-    "inverse",
-    "permute_shape",
-    "transpose",
-]
+__all__ = ["Perm", "as_perm", "compose", "inverse", "permute_shape", "transpose"]
 
 Perm = tuple[int, ...]
 

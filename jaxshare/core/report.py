@@ -36,6 +36,16 @@ class ArrayInfo:
         """The info of this array transposed by ``perm``."""
         return self if perm is None else ArrayInfo(permute_shape(self.shape, perm), self.dtype)
 
+    @property
+    def info(self) -> ArrayInfo:
+        """The shape and dtype alone (of a record that says more of its array: where
+        a file stores it).
+
+        >>> ArrayInfo((2,), "float32").info
+        ArrayInfo(shape=(2,), dtype='float32')
+        """
+        return ArrayInfo(self.shape, self.dtype)
+
 
 def format_bytes(n: int) -> str:
     """``1536`` -> ``'1.5 KiB'``.

@@ -6,25 +6,27 @@ them strictly: a size limit checked before parsing, UTF-8 only, and a key given
 twice refused (Python's ``json`` would keep the last one silently).
 :func:`load_document` also checks a versioned document -- ``"format"``, an
 ``int`` ``"version"`` (``True`` and ``1.0`` are not ``1``), and exactly the
-fields it expects, each of the right type. Every message names what is read
-(``what``), so the caller adds only where it was read from.
+fields it expects, each of the right type, for a :class:`Kind` of document. Every
+message names what is read (the kind's ``what``), and :func:`reading` adds where it
+was read from.
 
->>> load_document('{"format": "x.doc", "version": 1, "items": {}}', what="x doc",
-...               format="x.doc", version=1, fields={"items": dict})
+>>> X_DOC = Kind("x doc", "x.doc", 1)
+>>> load_document('{"format": "x.doc", "version": 1, "items": {}}', X_DOC, {"items": dict})
 {'format': 'x.doc', 'version': 1, 'items': {}}
->>> load_document('{"format": "x.doc", "version": true, "items": {}}', what="x doc",
-...               format="x.doc", version=1, fields={"items": dict})  # doctest: +ELLIPSIS
+>>> load_document('{"format": "x.doc", "version": true, "items": {}}', X_DOC, {"items": dict})
+... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ValueError: x doc JSON has version True; this jaxshare reads version 1. Upgrade jaxshare...
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
-__all__ = ["load_document", "loads"]
+__all__ = ["Kind", "load_document", "loads", "reading"]
 
 #: JSON type names, for messages.
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
@@ -92,18 +94,25 @@ def loads(
         raise ValueError(f"{what} JSON repeats the key {e.args[0]!r}.") from None
 
 
+class Kind(NamedTuple):
+    """A kind of versioned document: how messages name it, its ``format`` and the
+    ``version`` this jaxshare reads and writes."""
+
+    what: str
+    format: str
+    version: int
+
+
 def load_document(
     text: str | bytes,
+    kind: Kind,
+    fields: Mapping[str, type],
     /,
     *,
-    what: str,
-    format: str,
-    version: int,
-    fields: Mapping[str, type],
     max_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Parses a versioned document: ``{"format": format, "version": version}`` plus
-    exactly ``fields`` (name -> JSON type: ``dict``, ``list``, ``str``, ``int``).
+    """Parses a versioned document of ``kind``: ``{"format": ..., "version": ...}``
+    plus exactly ``fields`` (name -> JSON type: ``dict``, ``list``, ``str``, ``int``).
 
     Returns:
       The document, every field checked.
@@ -112,8 +121,9 @@ def load_document(
       ValueError: anything :func:`loads` refuses; not an object; another format;
         a version that is not the ``int`` ``version`` (newer files name the fix:
         upgrade); a field missing, unexpected or of the wrong type. Each is one
-        sentence naming ``what``.
+        sentence naming ``kind.what``.
     """
+    what, format, version = kind
     doc = loads(text, what=what, max_bytes=max_bytes)
     if not isinstance(doc, dict):
         raise ValueError(f"{what} JSON must be an object, got {_json_type(doc)}.")
@@ -138,3 +148,20 @@ def load_document(
                 f"got {_json_type(value)}."
             )
     return doc
+
+
+@contextlib.contextmanager
+def reading(where: object, fix: str = "") -> Iterator[None]:
+    """Reads a document at ``where``: a ``ValueError`` raised inside (a parser's
+    sentence) becomes one line naming ``where`` first, and ``fix`` last.
+
+    >>> from jaxshare.core.alias import AliasMap
+    >>> with reading("ckpt/jaxshare_alias_map.json"):
+    ...     AliasMap.from_json("[]")
+    Traceback (most recent call last):
+    ValueError: ckpt/jaxshare_alias_map.json: alias map JSON must be an object, got list.
+    """
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}" + (f" {fix}" if fix else "")) from None

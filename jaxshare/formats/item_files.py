@@ -24,19 +24,19 @@ from pathlib import Path
 
 from jaxshare.io.atomic import OutputKind
 
-__all__ = [
+__all__ = [  # In the order they are defined.
     "ALIAS_MAP_FILE",
-    "ASSETS_DIR",
     "DCP_METADATA_FILE",
-    "EMPTY_ARRAYS_KEY",
-    "ITEM",
-    "MANIFEST_FILE",
     "NAMING_FILE",
+    "MANIFEST_FILE",
+    "EMPTY_ARRAYS_KEY",
+    "ASSETS_DIR",
     "ORBAX_METADATA_FILE",
-    "find_item",
-    "is_checkpoint",
     "is_item",
     "item_assets",
+    "is_checkpoint",
+    "ITEM",
+    "find_item",
 ]
 
 ALIAS_MAP_FILE = "jaxshare_alias_map.json"

@@ -111,7 +111,7 @@ _KINDS = {
 
 
 @dataclass(frozen=True)
-class MsgpackEntry:
+class MsgpackEntry(ArrayInfo):
     """One array of a file: its shape, dtype name and the ``(begin, end)`` byte
     ranges of its data in the file, one per chunk (one for an array stored whole).
 
@@ -119,14 +119,8 @@ class MsgpackEntry:
       chunked: whether flax cut it into chunks (``__msgpack_chunked_array__``).
     """
 
-    shape: tuple[int, ...]
-    dtype: str
     ranges: tuple[tuple[int, int], ...]
     chunked: bool = False
-
-    @property
-    def info(self) -> ArrayInfo:
-        return ArrayInfo(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)

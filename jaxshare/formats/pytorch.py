@@ -19,8 +19,6 @@ for a tie whose layouts differ).
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +28,7 @@ import numpy as np
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.memory import MemoryTies, array_key, memory_ties
 from jaxshare.core.report import ArrayInfo
-from jaxshare.formats.torch_save.unpickle import unpickle_torch
+from jaxshare.formats.torch_save.unpickle import unpickle_torch, unpickling
 from jaxshare.formats.torch_save.zip import EMPTY_ARCHIVE, LOCAL_HEADER
 from jaxshare.io.atomic import OutputKind
 from jaxshare.io.mapped import FileRange, file_extent, map_file
@@ -143,21 +141,18 @@ def unpickle_torch_file(
     """
     path = Path(path)
     check_torch_file(path)
-    try:
+    with unpickling(
+        lambda why: (
+            f"{path}: refused: loading it would run code beyond rebuilding tensors "
+            f"({why}). jaxshare reads PyTorch files with its own restricted unpickler; {fix}."
+        ),
+        lambda why: f"{path}: not a PyTorch file jaxshare can read ({why}).",
+    ):
         if mode == "memory":
             data = np.fromfile(path, np.uint8)
         else:
             data = map_file(path, private=mode == "copy-on-write")
         return unpickle_torch(data, classes or {}, file=path)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"{path}: refused: loading it would run code beyond rebuilding tensors ({e}). "
-            f"jaxshare reads PyTorch files with its own restricted unpickler; {fix}."
-        ) from None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(
-            f"{path}: not a PyTorch file jaxshare can read ({type(e).__name__}: {e})."
-        ) from None
 
 
 # -- state-dict files ------------------------------------------------------------------

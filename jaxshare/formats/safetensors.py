@@ -36,7 +36,7 @@ from jaxshare.core.manifest import Manifest, TensorHash
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.progress import ProgressFn
 from jaxshare.core.report import ArrayInfo, TieReport
-from jaxshare.core.strict_json import loads
+from jaxshare.core.strict_json import loads, reading
 from jaxshare.io.atomic import OutputKind, atomic_output
 from jaxshare.io.mapped import FileRange, map_file
 from jaxshare.io.output_file import OutputFile
@@ -120,17 +120,11 @@ def dtype_code(dtype: np.dtype, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class TensorEntry:
+class TensorEntry(ArrayInfo):
     """One tensor of a header: its shape, dtype name and byte range in the data."""
 
-    shape: tuple[int, ...]
-    dtype: str
     begin: int
     end: int
-
-    @property
-    def info(self) -> ArrayInfo:
-        return ArrayInfo(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -297,16 +291,12 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
         file; one line starting with the path.
     """
     text = header.metadata.get(ALIAS_MAP_KEY)
-    try:
+    with reading(f"{header.path}: metadata {ALIAS_MAP_KEY!r} is invalid"):
         amap = AliasMap() if text is None else AliasMap.from_json(text)
-    except ValueError as e:
-        raise ValueError(f"{header.path}: metadata {ALIAS_MAP_KEY!r} is invalid: {e}") from None
     naming = header.metadata.get(NAMING_KEY)
     if naming is not None:
-        try:
+        with reading(f"{header.path}: metadata {NAMING_KEY!r} is invalid"):
             amap = amap.with_naming(NamingRecord.from_json(naming))
-        except ValueError as e:
-            raise ValueError(f"{header.path}: metadata {NAMING_KEY!r} is invalid: {e}") from None
     problems = []
     unheld = [RecordedTie(a, c, "metadata") for a, c in amap.items() if c not in header.tensors]
     for alias, canonical in amap.items():
@@ -376,10 +366,8 @@ def manifest_in(header: SafetensorsHeader) -> Manifest | None:
     text = header.metadata.get(MANIFEST_KEY)
     if text is None:
         return None
-    try:
+    with reading(f"{header.path}: metadata {MANIFEST_KEY!r} is invalid"):
         return Manifest.from_json(text)
-    except ValueError as e:
-        raise ValueError(f"{header.path}: metadata {MANIFEST_KEY!r} is invalid: {e}") from None
 
 
 def inspect_safetensors(path: str | os.PathLike) -> TieReport:

@@ -38,15 +38,10 @@ from jaxshare.cli import main
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcp"
 #: A tiny Llama whose embedding (128 KiB) dwarfs a record's header (about 1.5 KiB).
 LLAMA = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
+    vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     tie_word_embeddings=True,
-)
+)  # fmt: skip
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FLAX_EMBED, FLAX_HEAD = "params/model/embed_tokens/embedding", "params/lm_head/kernel"
 #: What a record may add to its tensor's bytes (DCP's records are torch.save archives).

@@ -455,14 +455,9 @@ def _gpt2_hf(tmp_path: Path) -> Path:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=16,
-        n_head=2,
-        vocab_size=50,
-        n_positions=16,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+        n_layer=2, n_embd=16, n_head=2, vocab_size=50, n_positions=16,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
     path = tmp_path / "gpt2"
     transformers.GPT2LMHeadModel(config).save_pretrained(path, max_shard_size="6KB")
     return path

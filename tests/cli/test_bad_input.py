@@ -148,6 +148,46 @@ def _hostile(obj: object) -> Callable[[Path], Path]:
     return make
 
 
+def _not_torch(name: str, data: bytes) -> Case:
+    """A file ``name`` of ``data`` posing as a PyTorch file."""
+    return Case(
+        lambda r: put(r / name, data),
+        TORCH_ROUTES,
+        "not a PyTorch/zip/pickle file",
+        lambda src, out: bridge.load_torch(src),
+    )
+
+
+def _same_file(output: str) -> Case:
+    """``convert --force`` onto ``output``: the input under another name."""
+    return Case(
+        lambda r: write_safetensors(r / "m.safetensors"),
+        (("convert", "{src}", output, "--force"),),
+        "the output is the input",
+    )
+
+
+def _item_map(text: str, message: str, api: Callable[[Path], object] = jc.restore) -> Case:
+    """An item whose ``jaxshare_alias_map.json`` is ``text``; ``api(item)`` refuses it."""
+    return Case(
+        lambda r: write_item(r / "ckpt", text), ITEM_ROUTES, message, lambda src, out: api(src)
+    )
+
+
+def _safetensors_map(text: str, message: str) -> Case:
+    """A safetensors file whose alias map metadata is ``text``."""
+    return Case(
+        lambda r: with_metadata(r / "m.safetensors", text),
+        SAFETENSORS_ROUTES,
+        message,
+        lambda src, out: bridge.load_safetensors(src),
+    )
+
+
+#: An alias map that names one key twice (json.loads would keep the last).
+DUPLICATE_KEY = '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"x": "b", "x": "b"}}'
+
+
 CASES = {
     # -- safetensors files that are not what their header says ---------------------
     "st-header-size-past-end": Case(
@@ -175,24 +215,9 @@ CASES = {
         lambda src, out: bridge.load_safetensors(src),
     ),
     # -- files posing as PyTorch files ------------------------------------------------
-    "pt-random-bytes": Case(
-        lambda r: put(r / "m.pt", bytes(range(7, 200))),
-        TORCH_ROUTES,
-        "not a PyTorch/zip/pickle file",
-        lambda src, out: bridge.load_torch(src),
-    ),
-    "bin-json": Case(
-        lambda r: put(r / "m.bin", b'{"wte.weight": [1, 2]}'),
-        TORCH_ROUTES,
-        "not a PyTorch/zip/pickle file",
-        lambda src, out: bridge.load_torch(src),
-    ),
-    "pt-text": Case(
-        lambda r: put(r / "m.pt", b"hello\n"),
-        TORCH_ROUTES,
-        "not a PyTorch/zip/pickle file",
-        lambda src, out: bridge.load_torch(src),
-    ),
+    "pt-random-bytes": _not_torch("m.pt", bytes(range(7, 200))),
+    "bin-json": _not_torch("m.bin", b'{"wte.weight": [1, 2]}'),
+    "pt-text": _not_torch("m.pt", b"hello\n"),
     "pt-hostile": Case(
         _hostile(Evil()),
         TORCH_ROUTES,
@@ -212,21 +237,9 @@ CASES = {
         "the output is the input",
         lambda src, out: bridge.save_safetensors(tied_state(), src, force=True, inputs=[src]),
     ),
-    "same-file-by-symlink": Case(
-        lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{root}/link.safetensors", "--force"),),
-        "the output is the input",
-    ),
-    "same-file-by-hard-link": Case(
-        lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{root}/hard.safetensors", "--force"),),
-        "the output is the input",
-    ),
-    "same-file-by-relative-path": Case(
-        lambda r: write_safetensors(r / "m.safetensors"),
-        (("convert", "{src}", "{root}/sub/../m.safetensors", "--force"),),
-        "the output is the input",
-    ),
+    "same-file-by-symlink": _same_file("{root}/link.safetensors"),
+    "same-file-by-hard-link": _same_file("{root}/hard.safetensors"),
+    "same-file-by-relative-path": _same_file("{root}/sub/../m.safetensors"),
     "dst-inside-src": Case(
         lambda r: write_item(r / "ckpt"),
         (("convert", "{src}", "{src}/inner.safetensors"),),
@@ -259,83 +272,26 @@ CASES = {
         "not a PyTorch weights file",
     ),
     # -- alias maps that are bad in any way -----------------------------------------
-    "item-map-cycle": Case(
-        lambda r: write_item(r / "ckpt", alias_json({"a": "b", "b": "a"})),
-        ITEM_ROUTES,
-        "alias map has a cycle",
-        lambda src, out: jc.restore(src),
+    "item-map-cycle": _item_map(alias_json({"a": "b", "b": "a"}), "alias map has a cycle"),
+    "item-map-dangling": _item_map(
+        alias_json({"x/y": "nope"}), "its canonical 'nope' is not an array the checkpoint stores"
     ),
-    "item-map-dangling": Case(
-        lambda r: write_item(r / "ckpt", alias_json({"x/y": "nope"})),
-        ITEM_ROUTES,
-        "its canonical 'nope' is not an array the checkpoint stores",
-        lambda src, out: jc.restore(src),
-    ),
-    "item-map-transform-does-not-fit": Case(
-        lambda r: write_item(
-            r / "ckpt",
-            alias_json({"head/kernel": {"target": "b", "permute": [1, 0]}}),
-        ),
-        ITEM_ROUTES,
+    "item-map-transform-does-not-fit": _item_map(
+        alias_json({"head/kernel": {"target": "b", "permute": [1, 0]}}),
         "transform [1, 0] permutes 2 axes",
-        lambda src, out: jc.restore(src),
     ),
-    "item-map-duplicate-key": Case(
-        lambda r: write_item(
-            r / "ckpt",
-            '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"x": "b", "x": "b"}}',
-        ),
-        ITEM_ROUTES,
-        "repeats the key 'x'",
-        lambda src, out: jc.read_alias_map(src),
+    "item-map-duplicate-key": _item_map(DUPLICATE_KEY, "repeats the key 'x'", jc.read_alias_map),
+    "item-map-unknown-version": _item_map(alias_json({}, version=7), "version", jc.read_alias_map),
+    "item-map-oversized": _item_map(" " * (16 * 2**20 + 1), "over the limit", jc.read_alias_map),
+    "st-map-cycle": _safetensors_map(alias_json({"a": "b", "b": "a"}), "alias map has a cycle"),
+    "st-map-dangling": _safetensors_map(
+        alias_json({"x": "nope"}), "names canonical 'nope', which the file does not store"
     ),
-    "item-map-unknown-version": Case(
-        lambda r: write_item(r / "ckpt", alias_json({}, version=7)),
-        ITEM_ROUTES,
-        "version",
-        lambda src, out: jc.read_alias_map(src),
+    "st-map-transform-does-not-fit": _safetensors_map(
+        alias_json({"x": {"target": "b", "permute": [1, 0]}}), "permutes 2 axes"
     ),
-    "item-map-oversized": Case(
-        lambda r: write_item(r / "ckpt", " " * (16 * 2**20 + 1)),
-        ITEM_ROUTES,
-        "over the limit",
-        lambda src, out: jc.read_alias_map(src),
-    ),
-    "st-map-cycle": Case(
-        lambda r: with_metadata(r / "m.safetensors", alias_json({"a": "b", "b": "a"})),
-        SAFETENSORS_ROUTES,
-        "alias map has a cycle",
-        lambda src, out: bridge.load_safetensors(src),
-    ),
-    "st-map-dangling": Case(
-        lambda r: with_metadata(r / "m.safetensors", alias_json({"x": "nope"})),
-        SAFETENSORS_ROUTES,
-        "names canonical 'nope', which the file does not store",
-        lambda src, out: bridge.load_safetensors(src),
-    ),
-    "st-map-transform-does-not-fit": Case(
-        lambda r: with_metadata(
-            r / "m.safetensors", alias_json({"x": {"target": "b", "permute": [1, 0]}})
-        ),
-        SAFETENSORS_ROUTES,
-        "permutes 2 axes",
-        lambda src, out: bridge.load_safetensors(src),
-    ),
-    "st-map-duplicate-key": Case(
-        lambda r: with_metadata(
-            r / "m.safetensors",
-            '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"x": "b", "x": "b"}}',
-        ),
-        SAFETENSORS_ROUTES,
-        "repeats the key 'x'",
-        lambda src, out: bridge.load_safetensors(src),
-    ),
-    "st-map-unknown-version": Case(
-        lambda r: with_metadata(r / "m.safetensors", alias_json({}, version=9)),
-        SAFETENSORS_ROUTES,
-        "version",
-        lambda src, out: bridge.load_safetensors(src),
-    ),
+    "st-map-duplicate-key": _safetensors_map(DUPLICATE_KEY, "repeats the key 'x'"),
+    "st-map-unknown-version": _safetensors_map(alias_json({}, version=9), "version"),
     # -- checkpoints that are not one item ------------------------------------------
     "manager-root": Case(
         lambda r: _manager(r / "run"),

@@ -156,97 +156,57 @@ def test_mutable_mapping_subclass_with_default_factory(W):
 # -- the bad-input catalogue ---------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "build, amap, match",
-    [
-        (
-            lambda t: {"a": t.W},
-            {"b": "x/y"},
-            r"no value at canonical path\(s\) \['x/y'\].*aliases: \['b'\]",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.V},
-            {"b": "a"},
-            r"'b' \(alias of 'a'\): expected float32\[3, 4\].*got float32\[5\]",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.W + 1},
-            {"b": "a"},
-            r"'b' \(alias of 'a'\): holds different values",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.W.astype(jnp.bfloat16)},
-            {"b": "a"},
-            r"expected float32\[3, 4\].*got bfloat16",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.W},
-            AliasMap({"b": "a"}, transforms={"b": (1, 0)}),
-            r"expected float32\[4, 3\] \(the canonical transposed by \[1, 0\]\)",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.W},
-            AliasMap({"b": "a"}, transforms={"b": (2, 0, 1)}),
-            r"alias 'b' has transform \[2, 0, 1\] for 3 axes.*shape \(3, 4\)",
-        ),
-        (
-            lambda t: {"a": t.W, "l": [t.W]},
-            {"l/3": "a"},
-            r"'l/3': no such path \(stops at 'l', which is not a mapping\)",
-        ),
-        (
-            lambda t: {"a": t.W, "b": "text"},
-            {"b": "a"},
-            r"'b' \(alias of 'a'\): a str and a ArrayImpl",
-        ),
-    ],
-)
-def test_dedupe_errors_name_the_paths(build, amap, match, trees):
+# fmt: off
+#: (id, the function, its tree, its alias map, what its error says)
+ERRORS = [
+    ("dedupe-canonical-missing", dedupe, lambda t: {"a": t.W}, {"b": "x/y"},
+     r"no value at canonical path\(s\) \['x/y'\].*aliases: \['b'\]"),
+    ("dedupe-alias-of-another-shape", dedupe, lambda t: {"a": t.W, "b": t.V}, {"b": "a"},
+     r"'b' \(alias of 'a'\): expected float32\[3, 4\].*got float32\[5\]"),
+    ("dedupe-alias-of-other-values", dedupe, lambda t: {"a": t.W, "b": t.W + 1}, {"b": "a"},
+     r"'b' \(alias of 'a'\): holds different values"),
+    ("dedupe-alias-of-another-dtype", dedupe,
+     lambda t: {"a": t.W, "b": t.W.astype(jnp.bfloat16)}, {"b": "a"},
+     r"expected float32\[3, 4\].*got bfloat16"),
+    ("dedupe-alias-not-transposed", dedupe, lambda t: {"a": t.W, "b": t.W},
+     AliasMap({"b": "a"}, transforms={"b": (1, 0)}),
+     r"expected float32\[4, 3\] \(the canonical transposed by \[1, 0\]\)"),
+    ("dedupe-transform-of-another-rank", dedupe, lambda t: {"a": t.W, "b": t.W},
+     AliasMap({"b": "a"}, transforms={"b": (2, 0, 1)}),
+     r"alias 'b' has transform \[2, 0, 1\] for 3 axes.*shape \(3, 4\)"),
+    ("dedupe-alias-path-through-a-list", dedupe, lambda t: {"a": t.W, "l": [t.W]}, {"l/3": "a"},
+     r"'l/3': no such path \(stops at 'l', which is not a mapping\)"),
+    ("dedupe-alias-not-an-array", dedupe, lambda t: {"a": t.W, "b": "text"}, {"b": "a"},
+     r"'b' \(alias of 'a'\): a str and a ArrayImpl"),
+    ("retie-canonical-missing", retie, lambda t: {"a": t.W}, {"b": "missing"},
+     r"`unique_tree` has no value at canonical path\(s\) \['missing'\]"),
+    ("retie-alias-path-taken", retie, lambda t: {"a": t.W, "b": t.V}, {"b": "a"},
+     r"already holds a ArrayImpl at alias path 'b'"),
+    ("retie-parent-is-a-list", retie, lambda t: {"a": t.W, "l": [t.V]}, {"l/1": "a"},
+     r"cannot create l/1: its parent is a list"),
+    ("retie-parent-is-a-tuple", retie, lambda t: {"a": t.W, "t": (t.V,)}, {"t/x/y": "a"},
+     r"cannot create t/x: its parent is a tuple"),
+    ("retie-parent-is-a-leaf", retie, lambda t: {"a": t.W}, {"a/b": "a"},
+     r"'a' is a leaf of type ArrayImpl"),
+    ("retie-transform-of-another-rank", retie, lambda t: {"a": t.W},
+     AliasMap({"b": "a"}, transforms={"b": (0, 2, 1)}),
+     r"alias 'b'.*3 axes.*\(3, 4\)"),
+    ("retie-canonical-is-none", retie, lambda t: {"a": None}, {"b": "a"},
+     r"no value at canonical path\(s\) \['a'\]"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("name, function, build, amap, match", ERRORS, ids=[e[0] for e in ERRORS])
+def test_errors_name_the_paths(name, function, build, amap, match, trees):
     with pytest.raises(ValueError, match=match):
-        dedupe(build(trees), amap)
+        function(build(trees), amap)
 
 
 def test_dedupe_reports_every_problem_at_once(W, V):
     with pytest.raises(ValueError) as e:
         dedupe({"a": W, "b": V, "c": W + 1}, {"b": "a", "c": "a"})
     assert "'b' (alias of 'a')" in str(e.value) and "'c' (alias of 'a')" in str(e.value)
-
-
-@pytest.mark.parametrize(
-    "build, amap, match",
-    [
-        (
-            lambda t: {"a": t.W},
-            {"b": "missing"},
-            r"`unique_tree` has no value at canonical path\(s\) \['missing'\]",
-        ),
-        (
-            lambda t: {"a": t.W, "b": t.V},
-            {"b": "a"},
-            r"already holds a ArrayImpl at alias path 'b'",
-        ),
-        (
-            lambda t: {"a": t.W, "l": [t.V]},
-            {"l/1": "a"},
-            r"cannot create l/1: its parent is a list",
-        ),
-        (
-            lambda t: {"a": t.W, "t": (t.V,)},
-            {"t/x/y": "a"},
-            r"cannot create t/x: its parent is a tuple",
-        ),
-        (lambda t: {"a": t.W}, {"a/b": "a"}, r"'a' is a leaf of type ArrayImpl"),
-        (
-            lambda t: {"a": t.W},
-            AliasMap({"b": "a"}, transforms={"b": (0, 2, 1)}),
-            r"alias 'b'.*3 axes.*\(3, 4\)",
-        ),
-        (lambda t: {"a": None}, {"b": "a"}, r"no value at canonical path\(s\) \['a'\]"),
-    ],
-)
-def test_retie_errors_name_the_paths(build, amap, match, trees):
-    with pytest.raises(ValueError, match=match):
-        retie(build(trees), amap)
 
 
 def test_retie_refuses_transform_of_non_array():

@@ -95,16 +95,10 @@ class DCPChunk:
 
 
 @dataclass(frozen=True)
-class DCPTensor:
+class DCPTensor(ArrayInfo):
     """A tensor item: global ``shape``, numpy ``dtype`` name, its chunks."""
 
-    shape: tuple[int, ...]
-    dtype: str
     chunks: tuple[DCPChunk, ...]
-
-    @property
-    def info(self) -> ArrayInfo:
-        return ArrayInfo(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)

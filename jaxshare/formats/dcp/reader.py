@@ -39,6 +39,7 @@ from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import itemsize, numpy_dtype
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.report import format_bytes
+from jaxshare.core.strict_json import reading
 from jaxshare.formats.dcp.metadata import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -49,7 +50,7 @@ from jaxshare.formats.dcp.metadata import (
 )
 from jaxshare.formats.dcp.tiling import overlapping_spans
 from jaxshare.formats.item_files import ALIAS_MAP_FILE, NAMING_FILE
-from jaxshare.formats.torch_save.unpickle import unpickle_zip
+from jaxshare.formats.torch_save.unpickle import unpickle_zip, unpickling
 from jaxshare.formats.torch_save.zip import TorchZip
 from jaxshare.io.mapped import FileRange, map_file, scattered_reads
 from jaxshare.io.source import Index, TensorSource
@@ -415,14 +416,12 @@ class DCPFolder(TensorSource):
         file = self.folder / ALIAS_MAP_FILE
         if not file.is_file():
             return AliasMap()
-        try:
+        naming_file = self.folder / NAMING_FILE
+        with reading(file):
             recorded = AliasMap.from_json(file.read_bytes())
-            naming_file = self.folder / NAMING_FILE
             naming = (
                 NamingRecord.from_json(naming_file.read_bytes()) if naming_file.is_file() else None
             )
-        except ValueError as e:
-            raise ValueError(f"{file}: {e}") from None
         names = {item.fqn: name for name, item in self._items.items()}
         aliases, transforms = {}, {}
         for alias, canonical in recorded.items():
@@ -501,18 +500,17 @@ class DCPFolder(TensorSource):
         if record.length == chunk.numel * dtype.itemsize:  # raw bytes, C order
             array = data.view(dtype).reshape(chunk.sizes)
         else:
-            try:
+            with unpickling(
+                lambda why: (
+                    f"{where}: refused: a torch.save record that would run code "
+                    f"beyond rebuilding a tensor ({why})."
+                ),
+                lambda why: (
+                    f"{where}: expected the chunk's {chunk.numel * dtype.itemsize} raw "
+                    f"bytes or a torch.save record of it, found neither ({why})."
+                ),
+            ):
                 array = _unpickle_record(data)
-            except pickle.UnpicklingError as e:
-                raise ValueError(
-                    f"{where}: refused: a torch.save record that would run code beyond "
-                    f"rebuilding a tensor ({e})."
-                ) from None
-            except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{where}: expected the chunk's {chunk.numel * dtype.itemsize} raw bytes or "
-                    f"a torch.save record of it, found neither ({type(e).__name__}: {e})."
-                ) from None
             if (
                 not isinstance(array, np.ndarray)
                 or array.dtype != dtype

@@ -27,30 +27,30 @@ from pathlib import Path
 from jaxshare.core.strict_json import loads
 from jaxshare.io.atomic import OutputKind
 
-__all__ = [
-    "BIN_INDEX",
-    "BIN_WEIGHTS",
+__all__ = [  # In the order they are defined.
     "CONFIG_FILE",
-    "DEFAULT_MAX_SHARD_SIZE",
-    "FLAX_INDEX",
-    "FLAX_WEIGHTS",
-    "HF_DIRECTORY",
-    "INDEX_SUFFIX",
-    "MODEL_ASSETS",
-    "SAFE_INDEX",
     "SAFE_WEIGHTS",
+    "SAFE_INDEX",
+    "BIN_WEIGHTS",
+    "BIN_INDEX",
+    "FLAX_WEIGHTS",
+    "FLAX_INDEX",
+    "INDEX_SUFFIX",
+    "DEFAULT_MAX_SHARD_SIZE",
+    "parse_size",
+    "shard_name",
     "HFIndex",
+    "read_index",
     "HFWeights",
+    "MODEL_ASSETS",
     "ModelFiles",
-    "check_not_a_shard",
+    "model_files",
     "hf_weights",
     "is_hf_directory",
     "is_hf_input",
-    "model_files",
-    "parse_size",
-    "read_index",
-    "shard_name",
     "shard_of",
+    "check_not_a_shard",
+    "HF_DIRECTORY",
 ]
 
 CONFIG_FILE = "config.json"

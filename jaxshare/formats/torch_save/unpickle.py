@@ -26,12 +26,14 @@ float8 through ``ml_dtypes``), dtypes and devices as their names
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import math
 import os
 import pickle
 import struct
-from collections.abc import Callable, Mapping
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,7 @@ from jaxshare.formats.torch_save.tables import DTYPES, STORAGES, UINTS
 from jaxshare.formats.torch_save.zip import ArrayFile, TorchZip
 from jaxshare.io.mapped import scattered_reads
 
-__all__ = ["Storage", "Unpickler", "unpickle_torch", "unpickle_zip"]
+__all__ = ["Storage", "Unpickler", "unpickle_torch", "unpickle_zip", "unpickling"]
 
 #: The first pickle of a legacy file, and its protocol version.
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -343,3 +345,17 @@ def unpickle_torch(
     if data[:2].tobytes() == b"PK":
         return unpickle_zip(TorchZip(data, file), classes)
     return _Legacy(data).load(classes)
+
+
+@contextlib.contextmanager
+def unpickling(refused: Callable[[str], str], unreadable: Callable[[str], str]) -> Iterator[None]:
+    """Unpickles a ``torch.save`` record: what the restricted unpickler refuses is one
+    line, ``refused(why)``; what is no record it can read, ``unreadable(why)``
+    (``why``: the reason, with the error's type for the latter). Never anything that
+    ran code: nothing does."""
+    try:
+        yield
+    except pickle.UnpicklingError as e:
+        raise ValueError(refused(str(e))) from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(unreadable(f"{type(e).__name__}: {e}")) from None

@@ -52,30 +52,39 @@ def fixture(name: str, path: str, expect: list[str], issue: str, what: str) -> P
     return folder
 
 
-def llama(tied: bool) -> torch.nn.Module:
+def tiny(model_class: type, config_class: type, **fields) -> torch.nn.Module:
+    """A ``model_class`` of ``config_class(**fields)``, its weights drawn after
+    ``torch.manual_seed(0)``, in eval mode."""
     torch.manual_seed(0)
-    config = t.LlamaConfig(
+    return model_class(config_class(**fields)).eval()
+
+
+def llama(tied: bool) -> torch.nn.Module:
+    return tiny(t.LlamaForCausalLM, t.LlamaConfig,
         vocab_size=32, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
         tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
-    return t.LlamaForCausalLM(config).eval()
 
 
-def t5_config(cls: type, **kw) -> t.PretrainedConfig:
-    return cls(
+def t5(model_class: type, config_class: type) -> torch.nn.Module:
+    return tiny(model_class, config_class,
         vocab_size=24, d_model=8, d_kv=4, d_ff=12, num_layers=1, num_heads=2,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **kw,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
     )  # fmt: skip
 
 
 def gpt2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = t.GPT2Config(
+    return tiny(t.GPT2LMHeadModel, t.GPT2Config,
         n_layer=1, n_embd=8, n_head=2, vocab_size=24, n_positions=8,
         bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
-    return t.GPT2LMHeadModel(config).eval()
+
+
+def pretrained(folder: Path, model: torch.nn.Module) -> torch.nn.Module:
+    """``model``, saved into ``folder`` by its ``save_pretrained``."""
+    model.save_pretrained(folder)
+    return model
 
 
 def add_tensors(file: Path, extra: dict[str, torch.Tensor], drop: tuple[str, ...] = ()) -> None:
@@ -119,9 +128,7 @@ def build() -> None:
                 "T5 ties encoder.embed_tokens to shared; the file stores encoder.embed_tokens "
                 "with other values (a distinct lm_head's), as a load that took it from lm_head "
                 "saved it")  # fmt: skip
-    torch.manual_seed(0)
-    model = t.T5ForConditionalGeneration(t5_config(t.T5Config)).eval()
-    model.save_pretrained(d)
+    model = pretrained(d, t5(t.T5ForConditionalGeneration, t.T5Config))
     add_tensors(d / "model.safetensors",
                 {"encoder.embed_tokens.weight": rand_like(model.shared.weight, 1)})  # fmt: skip
 
@@ -129,8 +136,7 @@ def build() -> None:
     d = fixture("llama_random_lm_head", "", ["alias-differs"], "transformers#43429",
                 "tie_word_embeddings: true, and the file stores a random lm_head.weight beside "
                 "the embedding it is tied to (transformers 5.24 loads both, untied)")  # fmt: skip
-    model = llama(True)
-    model.save_pretrained(d)
+    model = pretrained(d, llama(True))
     add_tensors(d / "model.safetensors", {"lm_head.weight": rand_like(model.lm_head.weight, 2)})
 
     # transformers#43880: zeroed UMT5 embeddings.
@@ -141,8 +147,7 @@ def build() -> None:
         "transformers#43880",
         "UMT5's shared embedding, tied to both stacks and the head, saved as zeros",
     )
-    torch.manual_seed(0)
-    model = t.UMT5ForConditionalGeneration(t5_config(t.UMT5Config)).eval()
+    model = t5(t.UMT5ForConditionalGeneration, t.UMT5Config)
     with torch.no_grad():
         model.shared.weight.zero_()
     model.save_pretrained(d)
@@ -152,9 +157,7 @@ def build() -> None:
                 "config.json says tie_word_embeddings: false and stores a distinct lm_head, but "
                 "transformers 5's mT5 class ties lm_head to shared all the same: a loader that "
                 "applies the tie overwrites the head")  # fmt: skip
-    torch.manual_seed(0)
-    model = t.MT5ForConditionalGeneration(t5_config(t.MT5Config)).eval()
-    model.save_pretrained(d)
+    model = pretrained(d, t5(t.MT5ForConditionalGeneration, t.MT5Config))
     add_tensors(d / "model.safetensors", {"lm_head.weight": rand_like(model.shared.weight, 3)})
     edit_config(d, tie_word_embeddings=False)
 
@@ -188,8 +191,7 @@ def build() -> None:
     d = fixture("llama_canonical_missing", "", ["canonical-missing"], "jaxshare",
                 "a tied Llama whose file stores the embedding under lm_head.weight only; "
                 "model.embed_tokens.weight, the tie's canonical, is missing")  # fmt: skip
-    model = llama(True)
-    model.save_pretrained(d)
+    pretrained(d, llama(True))
     emb = load_file(d / "model.safetensors")["model.embed_tokens.weight"]
     add_tensors(
         d / "model.safetensors", {"lm_head.weight": emb}, drop=("model.embed_tokens.weight",)
@@ -207,8 +209,7 @@ def build() -> None:
     d = fixture("llama_head_missing", "", ["head-missing"], "jaxshare",
                 "tie_word_embeddings: false, and lm_head.weight is not in the file "
                 "(transformers would initialise it at random)")  # fmt: skip
-    model = llama(False)
-    model.save_pretrained(d)
+    pretrained(d, llama(False))
     add_tensors(d / "model.safetensors", {}, drop=("lm_head.weight",))
 
     # Another tensor of the model class missing (a weight dropped on the way).
@@ -216,8 +217,7 @@ def build() -> None:
                 "a GPT-2 directory whose file lacks transformer.h.0.mlp.c_fc.weight, as a "
                 "partial restore or a dropped shard leaves it (transformers would initialise "
                 "it at random)")  # fmt: skip
-    model = gpt2()
-    model.save_pretrained(d)
+    pretrained(d, gpt2())
     add_tensors(d / "model.safetensors", {}, drop=("transformer.h.0.mlp.c_fc.weight",))
 
     # DeepSpeed's shared_params pointing at other values.
@@ -277,8 +277,7 @@ def build() -> None:
     d = fixture("llama_stored_twice", "", ["stored-twice"], "jaxshare",
                 "a tied Llama whose file also stores lm_head.weight, a bit-identical copy of "
                 "model.embed_tokens.weight: bytes a dedupe saves")  # fmt: skip
-    model = llama(True)
-    model.save_pretrained(d)
+    pretrained(d, llama(True))
     emb = load_file(d / "model.safetensors")["model.embed_tokens.weight"]
     add_tensors(d / "model.safetensors", {"lm_head.weight": emb})
 

@@ -34,12 +34,8 @@ The log (``make_fixtures.log``) also records DeepSpeed's own
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
-import socket
-import subprocess
-import sys
+import runpy
 import tempfile
 from pathlib import Path
 
@@ -59,6 +55,8 @@ FIXTURES: dict[str, tuple[str, int, int, str]] = {
     "t5_z2_w2_fp32": ("t5", 2, 2, "fp32"),
     "t5_z3_w2_bf16": ("t5", 3, 2, "bf16"),
 }
+#: The fixture DeepSpeed's ``zero_to_fp32 --safe_serialization`` is tried on.
+CRASHED = "gpt2_z2_w2_bf16"
 
 
 def build_model(kind: str):
@@ -74,16 +72,8 @@ def build_model(kind: str):
         model.register_buffer("tokens_seen", torch.tensor(0, dtype=torch.int64))
         model.transformer.register_buffer("calibration", torch.randn(5).to(torch.bfloat16))
     else:
-        config = T5Config(
-            vocab_size=31,
-            d_model=9,
-            d_kv=3,
-            d_ff=11,
-            num_layers=1,
-            num_heads=3,
-            decoder_start_token_id=0,
-            tie_word_embeddings=True,
-        )
+        config = T5Config(vocab_size=31, d_model=9, d_kv=3, d_ff=11, num_layers=1, num_heads=3,
+                          decoder_start_token_id=0, tie_word_embeddings=True)  # fmt: skip
         model = T5ForConditionalGeneration(config)
         model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.requires_grad_(
             False
@@ -132,23 +122,6 @@ def worker(name: str, out: str) -> None:
     engine.save_checkpoint(out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def train(name: str, out: Path, log) -> None:
-    _, _, world_size, _ = FIXTURES[name]
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc_per_node", str(world_size), "--master_port",
-           str(_free_port()), __file__, "--worker", name, "--out", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:
-        sys.stderr.write(run.stdout + run.stderr)
-        raise SystemExit(f"{name}: training failed ({' '.join(cmd)})")
-
-
 def reference(name: str, root: Path, log) -> None:
     """DeepSpeed's own consolidation of ``root``, saved as ``root/reference.pt``."""
     import torch
@@ -177,58 +150,34 @@ def reference(name: str, root: Path, log) -> None:
         log(f"  in the stored module but not in DeepSpeed's result: {dropped}")
 
 
-def safe_serialization_crash(root: Path, log) -> None:
-    """``zero_to_fp32 --safe_serialization`` on a tied model: DeepSpeed's own crash."""
+def safe_serialization_crash(names: list[str], out: Path, log) -> None:
+    """``zero_to_fp32 --safe_serialization`` on a tied model (:data:`CRASHED`, where it
+    was made): DeepSpeed's own crash."""
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
-    with tempfile.TemporaryDirectory() as out:
+    if CRASHED not in names:
+        return
+    root = out / CRASHED
+    with tempfile.TemporaryDirectory() as tmp:
         try:
-            convert_zero_checkpoint_to_fp32_state_dict(str(root), out, safe_serialization=True)
+            convert_zero_checkpoint_to_fp32_state_dict(str(root), tmp, safe_serialization=True)
         except Exception as e:
             first = str(e).strip().splitlines()[0]
             log(f"zero_to_fp32 --safe_serialization on {root.name}: {type(e).__name__}: {first}")
         else:
             log(f"zero_to_fp32 --safe_serialization on {root.name}: no error; wrote "
-                f"{sorted(os.listdir(out))}")  # fmt: skip
+                f"{sorted(os.listdir(tmp))}")  # fmt: skip
+
+
+def describe(name: str) -> str:
+    kind, stage, world_size, dtype = FIXTURES[name]
+    return f"{name}: {kind}, ZeRO-{stage}, world size {world_size}, {dtype}, {STEPS} steps"
 
 
 def main() -> None:
-    import deepspeed
-    import torch
-    import transformers
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args.worker, str(args.out))
-    lines: list[str] = []
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    log(f"deepspeed {deepspeed.__version__}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}")  # fmt: skip
-    for name in args.names:
-        kind, stage, world_size, dtype = FIXTURES[name]
-        log(f"{name}: {kind}, ZeRO-{stage}, world size {world_size}, {dtype}, {STEPS} steps")
-        root = args.out / name
-        with tempfile.TemporaryDirectory() as tmp:
-            train(name, Path(tmp) / name, log)
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.copytree(Path(tmp) / name, root)
-        for script in ("zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed's copies, 40 KB
-            (root / script).unlink(missing_ok=True)
-        reference(name, root, log)
-        files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-        log(f"  files: {', '.join(files)}")
-    if "gpt2_z2_w2_bf16" in args.names:
-        safe_serialization_crash(args.out / "gpt2_z2_w2_bf16", log)
-    if args.out == HERE and args.names == list(FIXTURES):
-        (HERE / "make_fixtures.log").write_text("\n".join(lines) + "\n")
+    """The driver both DeepSpeed fixture scripts share (``../deepspeed_fixtures.py``)."""
+    run = runpy.run_path(str(HERE.parent / "deepspeed_fixtures.py"))["main"]
+    run(__file__, __doc__, FIXTURES, worker, describe, reference, after=safe_serialization_crash)
 
 
 if __name__ == "__main__":

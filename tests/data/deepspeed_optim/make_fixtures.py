@@ -56,14 +56,9 @@ The ranks run under ``torchrun`` with gloo on the CPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
+import runpy
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -228,25 +223,6 @@ def worker(name: str, out: str) -> None:
     dist.destroy_process_group()  # gloo torn down before exit (else an abort, now and then)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def train(name: str, out: Path) -> None:
-    world = FIXTURES[name][2]
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc_per_node", str(world), "--master_port",
-           str(_free_port()), __file__, "--worker", name, "--out", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:  # once more: a rank of gloo on a busy CPU aborts, now and then
-        run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:
-        sys.stderr.write(run.stdout + run.stderr)
-        raise SystemExit(f"{name}: training failed ({' '.join(cmd)})")
-
-
 def check(name: str, root: Path, log) -> None:
     """DeepSpeed's consolidation as ``reference.pt``, and the five steps replayed
     with plain ``torch.optim.AdamW`` from the recorded state and gradients."""
@@ -288,43 +264,18 @@ def check(name: str, root: Path, log) -> None:
     )
 
 
+def describe(name: str) -> str:
+    kind, stage, world, dtype, extra = FIXTURES[name]
+    return f"{name}: {kind}, ZeRO-{stage}, world size {world}, {dtype} {extra or ''}"
+
+
 def main() -> None:
-    import deepspeed
-    import torch
-    import transformers
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("names", nargs="*", default=list(FIXTURES))
-    args = ap.parse_args()
-    if args.worker:
-        return worker(args.worker, str(args.out))
-    lines: list[str] = []
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    log(f"deepspeed {deepspeed.__version__}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}")  # fmt: skip
-    log(f"AdamW {json.dumps(HYPER)}, weight decay {DECAY} / 0.0, {STEPS} steps, then {MORE}")
-    for name in args.names:
-        kind, stage, world, dtype, extra = FIXTURES[name]
-        log(f"{name}: {kind}, ZeRO-{stage}, world size {world}, {dtype} {extra or ''}")
-        root = args.out / name
-        with tempfile.TemporaryDirectory() as tmp:
-            train(name, Path(tmp) / name)
-            shutil.rmtree(root, ignore_errors=True)
-            shutil.copytree(Path(tmp) / name, root)
-        for script in ("zero_to_fp32.py", "zero_to_torch.py"):  # DeepSpeed's copies, 40 KB
-            (root / script).unlink(missing_ok=True)
-        check(name, root, log)
-        files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-        size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-        log(f"  files ({size // 1024} KiB): {', '.join(files)}")
-    if args.out == HERE and args.names == list(FIXTURES):
-        (HERE / "make_fixtures.log").write_text("\n".join(lines) + "\n")
+    """The driver both DeepSpeed fixture scripts share (``../deepspeed_fixtures.py``);
+    a training run that fails is run once more (a rank of gloo on a busy CPU aborts,
+    now and then)."""
+    run = runpy.run_path(str(HERE.parent / "deepspeed_fixtures.py"))["main"]
+    adamw = f"AdamW {json.dumps(HYPER)}, weight decay {DECAY} / 0.0, {STEPS} steps, then {MORE}"
+    run(__file__, __doc__, FIXTURES, worker, describe, check, heading=[adamw], sizes=True, tries=2)
 
 
 if __name__ == "__main__":

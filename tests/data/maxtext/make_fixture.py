@@ -66,39 +66,47 @@ SMALL = dict(
 )
 
 
-def llama_config(tied: bool) -> transformers.PretrainedConfig:
-    return transformers.LlamaConfig(
+def small_config(
+    config_class: type,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    tied: bool,
+    positions: int = 128,
+    **more,
+) -> transformers.PretrainedConfig:
+    """A :data:`SMALL` model of ``config_class``; ``more``: further config fields."""
+    return config_class(
         **SMALL,
-        max_position_embeddings=16384,  # (Llama 3's RoPE scales beyond the original 8192.)
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_parameters=dict(LLAMA3_ROPE),
+        **more,
+        max_position_embeddings=positions,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         tie_word_embeddings=tied,
+    )
+
+
+def llama_config(tied: bool) -> transformers.PretrainedConfig:
+    return small_config(
+        transformers.LlamaConfig,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        tied=tied,
+        positions=16384,  # (Llama 3's RoPE scales beyond the original 8192.)
+        rope_parameters=dict(LLAMA3_ROPE),
     )
 
 
 def mistral_config() -> transformers.PretrainedConfig:
     # head_dim 8: sqrt(8) is not a power of two, so the query's scaling rounds.
-    return transformers.MistralConfig(
-        **SMALL,
-        max_position_embeddings=128,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=False,
-    )
+    return small_config(transformers.MistralConfig, heads=8, kv_heads=2, head_dim=8, tied=False)
 
 
 def gemma_config() -> transformers.PretrainedConfig:
-    return transformers.GemmaConfig(
-        **SMALL,
-        max_position_embeddings=128,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        tie_word_embeddings=True,
-    )
+    return small_config(transformers.GemmaConfig, heads=4, kv_heads=1, head_dim=16, tied=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -114,10 +122,8 @@ def gemma_config() -> transformers.PretrainedConfig:
 
 
 def llama31_to_maxtext(hf: dict[str, np.ndarray], cfg: dict, tied: bool) -> dict[str, np.ndarray]:
-    n_layers = cfg["num_hidden_layers"]
     head_dim = cfg["head_dim"]
     emb = cfg["hidden_size"]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
 
     def scale_query_layer(input_tensor, target_shape):  # saving_to_hf=False branch
         depth_scale = np.dtype("float32").type(1 / np.sqrt(head_dim))
@@ -140,51 +146,17 @@ def llama31_to_maxtext(hf: dict[str, np.ndarray], cfg: dict, tied: bool) -> dict
     query_hook_chain.reverse()  # to_maxtext
     key_hook_chain.reverse()
 
-    def apply(hooks, x, target_shape):  # utils.apply_hook_fns
-        for hook in hooks if isinstance(hooks, list) else [hooks]:
-            x = hook(x, target_shape)
-        return x
-
-    def stacked(hf_name: str, hooks, target_shape) -> np.ndarray:
-        tensors = [
-            hf[hf_name.format(i=i)]
-            if hooks is None
-            else apply(hooks, hf[hf_name.format(i=i)], target_shape)
-            for i in range(n_layers)
-        ]
-        return np.stack(tensors, axis=PARAM_SCAN_AXIS)
-
-    layer = "model.layers.{i}."
-    f = cfg["intermediate_size"]
     out = {
         "token_embedder/embedding": hf["model.embed_tokens.weight"],
         "decoder/decoder_norm/scale": hf["model.norm.weight"],
-        "decoder/layers/self_attention/query/kernel": stacked(
-            layer + "self_attn.q_proj.weight", query_hook_chain, (emb, heads, head_dim)
-        ),
-        "decoder/layers/self_attention/key/kernel": stacked(
-            layer + "self_attn.k_proj.weight", key_hook_chain, (emb, kv, head_dim)
-        ),
-        "decoder/layers/self_attention/value/kernel": stacked(
-            layer + "self_attn.v_proj.weight", reshape_kernel, (emb, kv, head_dim)
-        ),
-        "decoder/layers/self_attention/out/kernel": stacked(
-            layer + "self_attn.o_proj.weight", reshape_kernel, (heads, head_dim, emb)
-        ),
-        "decoder/layers/mlp/wi_0/kernel": stacked(
-            layer + "mlp.gate_proj.weight", reshape_kernel, (emb, f)
-        ),
-        "decoder/layers/mlp/wi_1/kernel": stacked(
-            layer + "mlp.up_proj.weight", reshape_kernel, (emb, f)
-        ),
-        "decoder/layers/mlp/wo/kernel": stacked(
-            layer + "mlp.down_proj.weight", reshape_kernel, (f, emb)
-        ),
-        "decoder/layers/pre_self_attention_layer_norm/scale": stacked(
-            layer + "input_layernorm.weight", None, (emb,)
-        ),
-        "decoder/layers/post_self_attention_layer_norm/scale": stacked(
-            layer + "post_attention_layernorm.weight", None, (emb,)
+        **_scanned_layers(
+            hf,
+            cfg,
+            query=query_hook_chain,
+            key=key_hook_chain,
+            kernel=reshape_kernel,
+            norm=[],  # no hook: the norms' weights as they are
+            norms=("pre_self_attention_layer_norm", "post_self_attention_layer_norm"),
         ),
     }
     if not tied:
@@ -361,9 +333,7 @@ MAXTEXT_GEMMA_VOCAB = 160
 
 
 def gemma_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
-    n_layers = cfg["num_hidden_layers"]
-    emb, head_dim, f = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    emb = cfg["hidden_size"]
 
     def pad_hf_embedding_layer(input_tensor, target_shape):
         normalizer = np.dtype("float32").type(cfg["hidden_size"] ** 0.5)
@@ -385,49 +355,62 @@ def gemma_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarr
 
     query_hook_chain = [reshape_kernel, scale_query_layer]
 
-    def apply(hooks, x, target_shape):
-        for hook in hooks if isinstance(hooks, list) else [hooks]:
-            x = hook(x, target_shape)
-        return x
-
-    def stacked(hf_name: str, hooks, target_shape) -> np.ndarray:
-        tensors = [apply(hooks, hf[hf_name.format(i=i)], target_shape) for i in range(n_layers)]
-        return np.stack(tensors, axis=PARAM_SCAN_AXIS)
-
-    layer = "model.layers.{i}."
     return {
         "token_embedder/embedding": pad_hf_embedding_layer(
             hf["model.embed_tokens.weight"], (MAXTEXT_GEMMA_VOCAB, emb)
         ),
         "decoder/decoder_norm/scale": scale_rmsnorm_layer(hf["model.norm.weight"], (emb,)),
-        "decoder/layers/self_attention/query/kernel": stacked(
-            layer + "self_attn.q_proj.weight", query_hook_chain, (emb, heads, head_dim)
-        ),
-        "decoder/layers/self_attention/key/kernel": stacked(
-            layer + "self_attn.k_proj.weight", reshape_kernel, (emb, kv, head_dim)
-        ),
-        "decoder/layers/self_attention/value/kernel": stacked(
-            layer + "self_attn.v_proj.weight", reshape_kernel, (emb, kv, head_dim)
-        ),
-        "decoder/layers/self_attention/out/kernel": stacked(
-            layer + "self_attn.o_proj.weight", reshape_kernel, (heads, head_dim, emb)
-        ),
-        "decoder/layers/mlp/wi_0/kernel": stacked(
-            layer + "mlp.gate_proj.weight", reshape_kernel, (emb, f)
-        ),
-        "decoder/layers/mlp/wi_1/kernel": stacked(
-            layer + "mlp.up_proj.weight", reshape_kernel, (emb, f)
-        ),
-        "decoder/layers/mlp/wo/kernel": stacked(
-            layer + "mlp.down_proj.weight", reshape_kernel, (f, emb)
-        ),
-        "decoder/layers/pre_self_attention_norm/scale": stacked(
-            layer + "input_layernorm.weight", scale_rmsnorm_layer, (emb,)
-        ),
-        "decoder/layers/pre_ffw_norm/scale": stacked(
-            layer + "post_attention_layernorm.weight", scale_rmsnorm_layer, (emb,)
+        **_scanned_layers(
+            hf,
+            cfg,
+            query=query_hook_chain,
+            key=reshape_kernel,
+            kernel=reshape_kernel,
+            norm=scale_rmsnorm_layer,
+            norms=("pre_self_attention_norm", "pre_ffw_norm"),
         ),
     }
+
+
+def _scanned_layers(
+    hf: dict[str, np.ndarray], cfg: dict, *, query, key, kernel, norm, norms: tuple[str, str]
+) -> dict[str, np.ndarray]:
+    """The decoder's scanned layers, as utils/param_mapping.py's hooks and to_maxtext.py
+    make them: each layer's HF tensor through its hook chain (``query`` for q_proj, ``key``
+    for k_proj, ``kernel`` for the other kernels, ``norm`` for the two norms, named
+    ``norms`` in MaxText), with the per-layer MaxText shape as target_shape, then
+    _build_single_axis_stacked_tensor: np.stack(tensors, axis=config.param_scan_axis)."""
+    emb, head_dim, f = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    pre_norm, post_norm = norms
+    #: MaxText name -> (HF name in each layer, hook chain, per-layer MaxText shape).
+    table = {
+        "self_attention/query/kernel": ("self_attn.q_proj.weight", query, (emb, heads, head_dim)),
+        "self_attention/key/kernel": ("self_attn.k_proj.weight", key, (emb, kv, head_dim)),
+        "self_attention/value/kernel": ("self_attn.v_proj.weight", kernel, (emb, kv, head_dim)),
+        "self_attention/out/kernel": ("self_attn.o_proj.weight", kernel, (heads, head_dim, emb)),
+        "mlp/wi_0/kernel": ("mlp.gate_proj.weight", kernel, (emb, f)),
+        "mlp/wi_1/kernel": ("mlp.up_proj.weight", kernel, (emb, f)),
+        "mlp/wo/kernel": ("mlp.down_proj.weight", kernel, (f, emb)),
+        f"{pre_norm}/scale": ("input_layernorm.weight", norm, (emb,)),
+        f"{post_norm}/scale": ("post_attention_layernorm.weight", norm, (emb,)),
+    }
+    return {
+        f"decoder/layers/{name}": np.stack(
+            [
+                _apply_hooks(hooks, hf[f"model.layers.{i}.{hf_name}"], target_shape)
+                for i in range(cfg["num_hidden_layers"])
+            ],
+            axis=PARAM_SCAN_AXIS,
+        )
+        for name, (hf_name, hooks, target_shape) in table.items()
+    }
+
+
+def _apply_hooks(hooks, x, target_shape):  # utils.apply_hook_fns
+    for hook in hooks if isinstance(hooks, list) else [hooks]:
+        x = hook(x, target_shape)
+    return x
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
