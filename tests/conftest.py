@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import runpy
 import socket
 import subprocess
 import sys
@@ -55,7 +56,78 @@ def load_script() -> Callable[[str], ModuleType]:
     return load
 
 
-#: The packages whose faces the API tests read.
+@dataclass(frozen=True)
+class ExampleRun:
+    """What an example's ``main`` returned and printed, and the one call of its ``run``
+    it made on the way: its arguments and result."""
+
+    status: Any
+    args: tuple
+    result: Any
+    output: str
+
+
+@pytest.fixture(scope="session")
+def run_example() -> Callable[..., ExampleRun]:
+    """``run_example(example, *argv)``: the example (a module from ``load_script``) run
+    from its command line in this process, its ``main()`` with ``sys.argv`` set to
+    ``[its file, *argv]``; what it prints kept, and its ``run``, which it must call
+    once, watched."""
+
+    def run_it(example: ModuleType, *argv: str) -> ExampleRun:
+        calls: list[tuple[tuple, Any]] = []
+        real_run = example.run
+
+        def spy(*args: Any) -> Any:
+            calls.append((args, real_run(*args)))
+            return calls[-1][1]
+
+        output = io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(output):
+            mp.setattr(example, "run", spy)
+            mp.setattr(sys, "argv", [example.__file__, *argv])
+            status = example.main()
+        ((args, result),) = calls
+        return ExampleRun(status, args, result, output.getvalue())
+
+    return run_it
+
+
+@pytest.fixture
+def run_as_main(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """``run_as_main("examples/x.py", *argv)``: the repository's script run as
+    ``__main__`` with that command line; the code it exits with (it must exit)."""
+
+    def run(path: str, *argv: str) -> Any:
+        script = ROOT / path
+        monkeypatch.setattr(sys, "argv", [str(script), *argv])
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_path(str(script), run_name="__main__")
+        return exit_.value.code
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """``run_python(code, *args, timeout=300)``: ``python -c CODE ARGS...`` in a fresh
+    interpreter (what it imports, this process has not), its output kept as text; the
+    test fails, with its stderr, where it exits with an error."""
+
+    def run(code: str, *args: object, timeout: float = 300) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    return run
+
+
+#: The packages whose faces the API tests read: jaxshare's, then the bridge's.
 FACES = (
     "jaxshare",
     "jaxshare.stream",
@@ -65,6 +137,13 @@ FACES = (
     "jaxshare.cli",
     "bridge",
 )
+
+
+@pytest.fixture(params=FACES[:-1])
+def jaxshare_face(request: pytest.FixtureRequest) -> str:
+    """Each jaxshare package with a face, in turn: a test asking for it runs once per
+    package (``api_surface`` reads them)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -182,7 +182,7 @@ def test_templates_serve_any_number_of_layers():
 
 
 @pytest.mark.subprocess
-def test_inspecting_a_directory_imports_neither_transformers_nor_torch(tmp_path):
+def test_inspecting_a_directory_imports_neither_transformers_nor_torch(tmp_path, run_python):
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIGS["gpt2"]))
     model.save_pretrained(tmp_path / "gpt2")
     code = (
@@ -190,17 +190,12 @@ def test_inspecting_a_directory_imports_neither_transformers_nor_torch(tmp_path)
         "report = bridge.inspect(sys.argv[1])\n"
         "print(dict(report.alias_map), 'transformers' in sys.modules, 'torch' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "gpt2")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    run = run_python(code, tmp_path / "gpt2")
     assert run.stdout.split("\n")[0] == "{'lm_head.weight': 'transformer.wte.weight'} False False"
 
 
 @pytest.mark.subprocess
-def test_an_item_to_a_directory_names_its_ties_from_the_table(tmp_path):
+def test_an_item_to_a_directory_names_its_ties_from_the_table(tmp_path, run_python):
     """An item whose naming record names every tensor (a scanned Llama's, stacked) goes
     to a Hugging Face directory without the meta model, and loads in transformers."""
     config = transformers.LlamaConfig(**{**CONFIGS["llama"], "tie_word_embeddings": True})
@@ -215,12 +210,7 @@ def test_an_item_to_a_directory_names_its_ties_from_the_table(tmp_path):
         "bridge.convert(sys.argv[1], sys.argv[2], format='hf')\n"
         "print('transformers' in sys.modules, 'torch' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code, str(item), str(tmp_path / "back")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    run = run_python(code, item, tmp_path / "back")
     assert run.stdout.split("\n")[0] == "False False"
     back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "back")
     assert back.lm_head.weight is back.model.embed_tokens.weight

@@ -209,7 +209,10 @@ class FlaxBertSelf(nn.Module):
         self.query, self.key, self.value = nn.Dense(D), nn.Dense(D), nn.Dense(D)
 
 
-class FlaxBertOutput(nn.Module):
+class FlaxBertDenseNorm(nn.Module):
+    """``dense`` then ``LayerNorm``: an attention's and a layer's ``output``, and the head's
+    ``transform``."""
+
     def setup(self):
         self.dense = nn.Dense(D)
         self.LayerNorm = nn.LayerNorm(epsilon=EPS)
@@ -218,7 +221,7 @@ class FlaxBertOutput(nn.Module):
 class FlaxBertAttention(nn.Module):
     def setup(self):
         self.self = FlaxBertSelf()
-        self.output = FlaxBertOutput()
+        self.output = FlaxBertDenseNorm()
 
 
 class FlaxBertIntermediate(nn.Module):
@@ -230,7 +233,7 @@ class FlaxBertLayer(nn.Module):
     def setup(self):
         self.attention = FlaxBertAttention()
         self.intermediate = FlaxBertIntermediate()
-        self.output = FlaxBertOutput()
+        self.output = FlaxBertDenseNorm()
 
     def __call__(self, x):
         s, o = self.attention.self, self.attention.output
@@ -256,6 +259,11 @@ class FlaxBertEncoder(nn.Module):
     def setup(self):
         self.layer = [FlaxBertLayer() for _ in range(L)]
 
+    def __call__(self, x):
+        for layer in self.layer:
+            x = layer(x)
+        return x
+
 
 class FlaxBert(nn.Module):
     def setup(self):
@@ -263,23 +271,14 @@ class FlaxBert(nn.Module):
         self.encoder = FlaxBertEncoder()
 
     def __call__(self, ids):
-        x = self.embeddings(ids)
-        for layer in self.encoder.layer:
-            x = layer(x)
-        return x
-
-
-class FlaxBertTransform(nn.Module):
-    def setup(self):
-        self.dense = nn.Dense(D)
-        self.LayerNorm = nn.LayerNorm(epsilon=EPS)
+        return self.encoder(self.embeddings(ids))
 
 
 class FlaxBertPredictions(nn.Module):
     """As Hugging Face's Flax head: the decoder is the word embedding, plus ``bias``."""
 
     def setup(self):
-        self.transform = FlaxBertTransform()
+        self.transform = FlaxBertDenseNorm()
         self.bias = self.param("bias", nn.initializers.zeros, (V,))
 
     def __call__(self, x, embedding):

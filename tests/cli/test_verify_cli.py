@@ -18,11 +18,8 @@ TIE = '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"lm_head.weigh
 
 def _tensors() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
-    return {
-        "wte.weight": rng.standard_normal((10, 4)).astype(np.float32),
-        "fc.weight": rng.standard_normal((4, 4)).astype(np.float32),
-        "fc.bias": rng.standard_normal(4).astype(np.float32),
-    }
+    shapes = {"wte.weight": (10, 4), "fc.weight": (4, 4), "fc.bias": (4,)}
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
 def _file(path: Path, tensors: dict, tied: bool = True) -> Path:

@@ -97,10 +97,9 @@ def test_json_format_is_the_documented_one():
     assert AliasMap.from_json(m.to_json(indent=2).encode()) == m
 
 
-def _doc(**aliases_or_fields):
-    doc = {"format": "jaxshare.alias_map", "version": 1, "aliases": {}}
-    doc.update(aliases_or_fields)
-    return json.dumps(doc)
+def _doc(**fields):
+    """An alias map's JSON, ``fields`` changed."""
+    return json.dumps({"format": "jaxshare.alias_map", "version": 1, "aliases": {}, **fields})
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,6 @@ the file once more as ``__main__`` (``--help`` only: the run is the one above).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import runpy
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -28,42 +22,30 @@ def example(load_script) -> ModuleType:
     return load_script("examples/train_tied_lm.py")
 
 
-@dataclass
-class Run:
-    result: Any
-    config: Any
-    output: str
+@pytest.fixture(scope="module")
+def ran(example: ModuleType, run_example):
+    """``python examples/train_tied_lm.py --steps 40``, with ``run``'s result kept."""
+    done = run_example(example, "--steps", str(STEPS))
+    assert done.status == 0
+    return done
 
 
 @pytest.fixture(scope="module")
-def ran(example: ModuleType) -> Run:
-    """``python examples/train_tied_lm.py --steps 40``, with ``run``'s result kept."""
-    seen: list[tuple[Any, Any]] = []
-    real_run = example.run
-
-    def spy(steps: int, config: Any) -> Any:
-        result = real_run(steps, config)
-        seen.append((result, config))
-        return result
-
-    output = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(output):
-        mp.setattr(example, "run", spy)
-        assert example.main(["--steps", str(STEPS)]) == 0
-    ((result, config),) = seen
-    return Run(result, config, output.getvalue())
+def config(ran) -> Any:
+    """The ``Config`` that ``main`` ran the example with (``run(steps, config)``)."""
+    return ran.args[1]
 
 
-def test_loss_falls(ran: Run) -> None:
+def test_loss_falls(ran) -> None:
     losses = np.asarray(ran.result.losses)
     assert losses.shape == (STEPS,) and np.isfinite(losses).all()
     assert losses[-5:].mean() < 0.5 * losses[0], (losses[0], losses[-5:])
     assert f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {STEPS} steps" in ran.output
 
 
-def test_tie_holds_after_training(ran: Run) -> None:
+def test_tie_holds_after_training(ran, config) -> None:
     result = ran.result
-    assert ran.config.tie == "transpose"
+    assert config.tie == "transpose"
     assert result.tie_error == 0.0
     assert result.tie_is_identity is False  # a transposed tie is a new array, equal in value
     # One leaf for the tie: the Tied lacks exactly the alias, and Adam its mu and nu.
@@ -77,8 +59,8 @@ def test_tie_holds_after_training(ran: Run) -> None:
     )
 
 
-def test_optimizer_state_smaller_by_twice_the_tied_bytes(ran: Run) -> None:
-    result, config = ran.result, ran.config
+def test_optimizer_state_smaller_by_twice_the_tied_bytes(ran, config) -> None:
+    result = ran.result
     tied_bytes = config.vocab * config.dim * np.dtype(np.float32).itemsize
     assert result.tied_bytes == tied_bytes
     assert result.params_bytes["tied"] == result.params_bytes["duplicated"] - tied_bytes
@@ -87,11 +69,11 @@ def test_optimizer_state_smaller_by_twice_the_tied_bytes(ran: Run) -> None:
     assert saved.split()[-2:] == [f"{tied_bytes:,}", f"{2 * tied_bytes:,}"], ran.output
 
 
-def test_tied_gradient_sums_both_uses(ran: Run) -> None:
+def test_tied_gradient_sums_both_uses(ran) -> None:
     assert ran.result.grad_error < 1e-5
 
 
-def test_donating_one_buffer_twice_fails(ran: Run) -> None:
+def test_donating_one_buffer_twice_fails(ran) -> None:
     assert "same buffer twice" in ran.result.donation_error
 
 
@@ -104,10 +86,6 @@ def test_alias_map_names_the_tie(example: ModuleType) -> None:
     assert identity.transform("params/lm_head/embedding") is None
 
 
-def test_the_file_runs_as_a_script(repo_root: Path, monkeypatch, capsys) -> None:
-    script = repo_root / "examples" / "train_tied_lm.py"
-    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "5"])
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(script), run_name="__main__")
-    assert exit_.value.code == 2
+def test_the_file_runs_as_a_script(run_as_main, capsys) -> None:
+    assert run_as_main("examples/train_tied_lm.py", "--steps", "5") == 2
     assert "--steps must be at least 10" in capsys.readouterr().err

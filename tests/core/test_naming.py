@@ -57,10 +57,9 @@ def test_invalid_records_are_rejected_naming_paths(entries, error, match):
         NamingRecord(entries)
 
 
-def _doc(**fields_or_leaves):
-    doc = {"format": "jaxshare.naming", "version": 1, "leaves": {}}
-    doc.update(fields_or_leaves)
-    return json.dumps(doc)
+def _doc(**fields):
+    """A naming record's JSON, ``fields`` changed."""
+    return json.dumps({"format": "jaxshare.naming", "version": 1, "leaves": {}, **fields})
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@ Importing this module does nothing.
 from __future__ import annotations
 
 import os
+import runpy
 import sys
+from pathlib import Path
 
 WORLD = 2
 VOCAB, DIM, HIDDEN = 11, 6, 7
@@ -26,7 +28,6 @@ def _rank(rank: int, port: int, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch import nn
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     class TiedLM(nn.Module):
@@ -42,12 +43,9 @@ def _rank(rank: int, port: int, folder: str) -> None:
             x = self.emb(ids)
             return self.out(x) + self.head(torch.tanh(self.fc(x)))
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD)
-    )
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
+    support = Path(__file__).resolve().parents[1] / "_support"
+    gloo_rank = runpy.run_path(str(support / "gloo_rank.py"))["gloo_rank"]
+    with gloo_rank(rank, port, WORLD) as mesh:
         torch.manual_seed(0)  # the same initial weights on every rank
         model = TiedLM()
         fully_shard(model, mesh=mesh)
@@ -73,8 +71,6 @@ def _rank(rank: int, port: int, folder: str) -> None:
         if rank == 0:
             torch.save({"model": model_full, "optim": optim_full}, f"{folder}/full.pt")
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import json
 import os
 import pickle
 import struct
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -295,7 +294,7 @@ def test_big_endian_arrays_are_stored_little_endian(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_written_without_torch(tmp_path):
+def test_written_without_torch(tmp_path, run_python):
     arrays = {"wte.weight": np.arange(8, dtype=np.float32).reshape(4, 2)}
     path = tmp_path / "m.safetensors"
     specs = [TensorSpec("wte.weight", (4, 2), np.dtype("float32"))]
@@ -313,13 +312,7 @@ def test_written_without_torch(tmp_path):
         "assert sys.modules['torch'] is None\n"
         "print('jax' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(path), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(script, path, tmp_path / "out", timeout=120)
     assert done.stdout.strip() == "False"  # No JAX either.
     state = _load(tmp_path / "out", {"wte.weight": torch.zeros(4, 2), "h": torch.zeros(4, 2)})
     assert np.array_equal(state["h"].numpy(), arrays["wte.weight"])

@@ -33,13 +33,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import runpy
 import shutil
 import socket
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
 import torch.multiprocessing as mp
@@ -50,18 +50,19 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 HERE = Path(__file__).resolve().parent
 WORLD = 2
 SAVE_ID = "jaxshare-dcp-fixture"
+VOCAB, DIM, HIDDEN = 11, 6, 7
 
 
 class TinyLM(nn.Module):
     """A tiny tied language model; odd sizes, so FSDP2's shards are uneven."""
 
-    def __init__(self, vocab: int = 11, dim: int = 6, hidden: int = 7) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.wte = nn.Embedding(vocab, dim)
-        self.ln = nn.LayerNorm(dim)
-        self.fc = nn.Linear(dim, hidden)
-        self.proj = nn.Linear(hidden, dim, bias=False)
-        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.wte = nn.Embedding(VOCAB, DIM)
+        self.ln = nn.LayerNorm(DIM)
+        self.fc = nn.Linear(DIM, HIDDEN)
+        self.proj = nn.Linear(HIDDEN, DIM, bias=False)
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
         self.lm_head.weight = self.wte.weight  # the tie
         self.gate = nn.Parameter(torch.full((1,), 0.5))
         self.register_buffer("calibration", torch.randn(5).to(torch.bfloat16))
@@ -79,9 +80,9 @@ def _fixed_ids() -> None:
 
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    ids = torch.randint(0, 11, (2, 7), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     logits = model(ids)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), ids.reshape(-1))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids.reshape(-1))
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -97,17 +98,12 @@ def build_flat() -> None:
 def _rank(rank: int, port: int) -> None:
     """One rank of the FSDP2 run; writes ``sharded/``."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD)
-    )
+    gloo_rank = runpy.run_path(str(HERE.parents[1] / "_support" / "gloo_rank.py"))["gloo_rank"]
     _fixed_ids()
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
+    with gloo_rank(rank, port, WORLD) as mesh:
         torch.manual_seed(0)  # the same initial weights on every rank
         model = TinyLM()
         fully_shard(model, mesh=mesh)
@@ -122,8 +118,6 @@ def _rank(rank: int, port: int) -> None:
         )
         state = {"model": model_sd, "optimizer": optim_sd, "train_state": {"step": 3}}
         dcp.save(state, checkpoint_id="sharded")
-    finally:
-        dist.destroy_process_group()
 
 
 def _free_port() -> int:
