@@ -66,9 +66,9 @@ def output_format(dst: str | os.PathLike, given: str | None, *, hf_options: bool
         return "torch"
     if dst.suffix:
         raise UsageError(
-            f"{dst}: an output is a directory (an Orbax item, or a Hugging Face directory "
-            "with --config), a .safetensors file or a PyTorch file (.pt, .bin); pass "
-            "--format to say which."
+            f"{dst}: an output is a directory (an Orbax item, a Hugging Face directory "
+            f"with --config, a DCP folder with --format dcp), a .safetensors file or a "
+            f"PyTorch file ({', '.join(TORCH_SUFFIXES)}); pass --format to say which."
         )
     return "hf" if hf_options else "orbax"
 

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from bridge.layouts.maxtext import maxtext_view
 from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
 from jaxshare.internal import split
 from jaxshare.stream import TensorSource
@@ -208,9 +207,16 @@ TRANSFORMERS_FLAX = Layout(
     families=TRANSFORMERS_FLAX_FAMILIES,
 )
 
+
+def _maxtext_view(source: TensorSource, config: Mapping[str, Any] | None) -> TensorSource:
+    from bridge.layouts.maxtext import maxtext_view  # (Its tables: only when asked for.)
+
+    return maxtext_view(source, config)
+
+
 #: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
 #: layers/...``, the layers on axis 1), converted by ``bridge.layouts.maxtext``.
-MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=maxtext_view)
+MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=_maxtext_view)
 
 #: The layouts by name.
 LAYOUTS: Mapping[str, Layout] = MappingProxyType(

@@ -33,6 +33,7 @@ class StateDictSource(TensorSource):
     """
 
     mapped = True  # blocks are views of mapped files or tensors in memory
+    live = True  # a module's own tensors: arrays over them see its updates
 
     kind = "state dict"
 

@@ -25,7 +25,6 @@ from bridge.training.hyper import step_of
 from bridge.training.optax_state import KINDS, fill_state, leaves_by_path, tx_kind
 from bridge.training.probe import check_hyper, probe
 from bridge.training.state import read_training
-from jaxshare.formats import OptimizerState
 from jaxshare.stream import ArrayInfo, TensorSource
 
 if TYPE_CHECKING:
@@ -69,10 +68,6 @@ class SlotAsParams(TensorSource):
         value = np.asarray(self._slot.array(own), np.float32)
         perm = self._params.ties.transform(name) if name in self._params.ties else None
         return value if perm is None else np.ascontiguousarray(transpose(value, perm))
-
-
-def _group_of(state: OptimizerState) -> dict[str, int]:
-    return {name: i for i, g in enumerate(state.groups) for name in g.names}
 
 
 def to_optax(
@@ -157,7 +152,7 @@ def to_optax(
                 "state yet; convert without `rules.stacks` / --stack."
             )
         params = tie(variables, amap)
-        if src.kind == "state dict":  # Arrays of their own: the torch run may go on.
+        if src.live:  # Arrays of their own: the torch run may go on.
             import jax.numpy as jnp
 
             params = params.replace(jax.tree.map(lambda x: jnp.array(x, copy=True), params.unique))
@@ -170,7 +165,7 @@ def to_optax(
                 f"{src.where}: the optimizer's groups name {missing[:3]}, which the weights "
                 "do not hold; the model and the optimizer state are of different models."
             )
-        in_group = _group_of(state)
+        in_group = state.group_of
         if step > 0:
             stateless = [
                 n for n in in_group for slot in state.slots.values() if n not in slot.infos

@@ -147,6 +147,11 @@ class OptimizerState:
     unknown: tuple[str, ...] = field(default=())
 
     @property
+    def group_of(self) -> dict[str, int]:
+        """``{parameter name: index of its group}`` of every parameter in a group."""
+        return {name: i for i, group in enumerate(self.groups) for name in group.names}
+
+    @property
     def kind(self) -> str:
         """Which torch optimizer this is, told by its slots and its groups' entries:
         ``"adam"`` (Adam, AdamW) or ``"sgd"``.

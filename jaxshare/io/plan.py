@@ -489,7 +489,7 @@ class PlannedSource(TensorSource):
         }
         self.ties = plan.alias_map
         self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config, self.buffers = source.config, source.buffers
+        self.config, self.buffers, self.live = source.config, source.buffers, source.live
 
     @property
     def where(self) -> str:

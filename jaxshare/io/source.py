@@ -104,6 +104,9 @@ class TensorSource(abc.ABC):
       unapplied_ties: ties the input records that the source does not apply (an
         alias the input also stores in its own right, a canonical it lacks):
         held against the stored values by ``check``, never used to convert.
+      live: whether the tensors are a live model's, in memory (a module's state
+        dict): arrays made over their memory see what the model does to them
+        next, so one that is to outlive the call is a copy.
     """
 
     path: Path | None = None
@@ -120,6 +123,7 @@ class TensorSource(abc.ABC):
     config: Mapping[str, Any] | None = None
     buffers: frozenset[str] | None = None
     unapplied_ties: tuple[RecordedTie, ...] = ()
+    live: bool = False
 
     @abc.abstractmethod
     def read(self, name: str) -> Any:
@@ -279,7 +283,11 @@ class RetiedSource(TensorSource):
         self.layers, self.config, self.buffers = source.layers, source.config, source.buffers
         self.parts, self.other_files, self.notes = source.parts, source.other_files, source.notes
         self.assets = {**source.assets, **(assets or {})}
-        self.mapped, self.unapplied_ties = source.mapped, source.unapplied_ties
+        self.mapped, self.unapplied_ties, self.live = (
+            source.mapped,
+            source.unapplied_ties,
+            source.live,
+        )
 
     @property
     def where(self) -> str:
