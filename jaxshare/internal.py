@@ -54,6 +54,10 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.perm import inverse as inverse
     from jaxshare.core.perm import permute_shape as permute_shape
     from jaxshare.core.perm import transpose as transpose
+    from jaxshare.core.report import ALIAS_MAP as ALIAS_MAP
+    from jaxshare.core.report import METADATA as METADATA
+    from jaxshare.core.report import SHARED_PARAMS as SHARED_PARAMS
+    from jaxshare.core.report import STORAGE as STORAGE
     from jaxshare.core.report import format_bytes as format_bytes
     from jaxshare.core.strict_json import reading as reading
     from jaxshare.io.atomic import OutputKind as OutputKind
@@ -133,7 +137,13 @@ __getattr__, __dir__, __all__ = _exports(
             "permute_shape",
             "transpose",
         ],
-        "jaxshare.core.report": ["format_bytes"],
+        "jaxshare.core.report": [
+            "ALIAS_MAP",
+            "METADATA",
+            "SHARED_PARAMS",
+            "STORAGE",
+            "format_bytes",
+        ],
         "jaxshare.core.strict_json": ["reading"],
         # The I/O engine.
         "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],

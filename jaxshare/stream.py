@@ -3,7 +3,7 @@
 A :class:`TensorSource` describes what it stores (names, shapes, dtypes, ties,
 a naming record) before any tensor is read, and then hands out one tensor (or
 one slice) at a time. A :class:`Plan` decides, from that description alone,
-every output: its name, layout and dtype, and the output's ties. A writer then
+every output: its name, axis order and dtype, and the output's ties. A writer then
 streams the plan's outputs from the source, reading ahead on a few threads
 (:class:`ReadAhead`) within a memory budget of about two tensors.
 :class:`TieReport` is what a source says of itself (``jaxshare inspect``), and a

@@ -246,10 +246,19 @@ def cached_mib() -> Callable[[Path], list[bool]]:
 
 
 def _cached_mib(path: Path) -> list[bool]:
-    from jaxshare.io.mapped import _resident, map_file
+    from jaxshare.io.mapped import map_file, resident
 
     whole = map_file(path)
-    return [_resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
+    return [resident(whole[i : i + 2**20]) for i in range(0, whole.size, 2**20)]
+
+
+@pytest.fixture(scope="session")
+def resident() -> Callable[[Any], bool]:
+    """``resident(view)``: whether at least half of the pages under ``view`` (a numpy
+    view of a mapped file) are in the page cache."""
+    from jaxshare.io.mapped import resident
+
+    return resident
 
 
 @pytest.fixture

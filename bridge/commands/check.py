@@ -55,11 +55,9 @@ from bridge.hf.usual_names import INPUT_EMBEDDINGS, WORD_EMBEDDING_HEADS
 from bridge.layouts.rules import as_rules
 from bridge.sources.registry import open_source
 from jaxshare.formats import (
-    ALIAS_MAP_KEY,
     CONFIG_FILE,
-    NAMING_KEY,
 )
-from jaxshare.internal import Perm, UnheldTies, format_bytes, same_bytes, words
+from jaxshare.internal import ALIAS_MAP, STORAGE, Perm, UnheldTies, format_bytes, same_bytes, words
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["KINDS", "CheckReport", "Finding", "check"]
@@ -79,7 +77,6 @@ KINDS: Mapping[str, str] = {
 }
 
 #: Metadata keys that are not ``save_model``'s ``{dropped: kept}`` entries.
-_NOT_ALIASES = frozenset({"format", ALIAS_MAP_KEY, NAMING_KEY})
 _SAMPLE = 8  # elements per axis of the strided sample hashed first
 _BLOCK = 1 << 20  # bytes compared at a time
 
@@ -325,7 +322,7 @@ def _view(
     names: dict[str, _Entry] = {e.name: (e.source, e.perm, e.info) for e in plan.entries}
     amap = plan.alias_map
     ties = [
-        _Tie(a, c, source.origins.get(a, "alias map"), amap.transform(a)) for a, c in amap.items()
+        _Tie(a, c, source.origins.get(a, ALIAS_MAP), amap.transform(a)) for a, c in amap.items()
     ]
     return _Checked(reads, names), ties
 
@@ -501,13 +498,13 @@ def _hold(view: _Checked, ties: list[_Tie], cfg: Mapping[str, Any] | None) -> li
 def _shares_memory(t: _Tie, view: _Checked) -> bool:
     """A tie whose names the source holds as one memory (a ``.bin`` file's one
     storage): their values cannot differ."""
-    if t.origin == "storage":
+    if t.origin == STORAGE:
         return True
     source = view.source
     alias, canonical = view.names.get(t.alias), view.names.get(t.canonical)
     if alias is None or canonical is None:
         return False
-    if alias[:2] == canonical[:2]:  # (One source tensor, one layout.)
+    if alias[:2] == canonical[:2]:  # (One source tensor, one axis order.)
         return True
     a, c = alias[0], canonical[0]
     if alias[1] != canonical[1] or {a, c} & source.written_out:

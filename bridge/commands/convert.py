@@ -1,9 +1,12 @@
 """``convert``: any checkpoint or weights file to any other, planned from metadata.
 
-The input is opened by :func:`bridge.open_source`; the output's format is
-``format``, or else what ``dst`` says: ``.safetensors``, a PyTorch file
-(``.pt``/``.bin``/``.pth``), or a directory -- a Hugging Face directory when
-``config`` or ``max_shard_size`` is given, an Orbax item otherwise. A plan
+The input is opened by :func:`bridge.open_source`, through the first of its readers
+(:data:`bridge.sources.registry.READERS`) that knows it: an Orbax item or step, a
+``.safetensors``, PyTorch or Flax ``.msgpack`` file, a PyTorch DCP or DeepSpeed
+folder, a Hugging Face directory. The output's format is ``format``, or else what
+``dst`` says: ``.safetensors``, a PyTorch file (``.pt``/``.bin``/``.pth``), or a
+directory -- a Hugging Face directory when ``config`` or ``max_shard_size`` is
+given, an Orbax item otherwise (a DCP folder only with ``format="dcp"``). A plan
 (:class:`jaxshare.stream.Plan`) then names every output tensor from metadata
 alone:
 
@@ -13,8 +16,9 @@ alone:
   :func:`bridge.save_hf` names them after the config's model class);
 - the same naming: ``Plan.identity`` (re-shard, cast, re-tie);
 
-and a writer streams the outputs one tensor at a time: an Orbax item, a
-``.safetensors`` file, a Hugging Face directory. A PyTorch file is a pickle of
+and the format's writer (:data:`bridge.commands.writers.WRITERS`) streams the
+outputs one tensor at a time: an Orbax item, a ``.safetensors`` file, a Hugging
+Face directory, a PyTorch DCP folder. A PyTorch file is a pickle of
 the whole state dict, so that one output is built in memory (and needs torch).
 
 Every route checks its paths first (the output is no input; ``force`` replaces
@@ -99,8 +103,9 @@ def convert(
 
     Args:
       src: any input :func:`bridge.open_source` takes: an Orbax item or step, a
-        Hugging Face or DeepSpeed directory, an index, a ``.safetensors`` or
-        PyTorch file, or a :class:`~jaxshare.stream.TensorSource`.
+        Hugging Face, DeepSpeed or PyTorch DCP directory, an index, a
+        ``.safetensors``, PyTorch or Flax ``.msgpack`` file, or a
+        :class:`~jaxshare.stream.TensorSource`.
       dst: the output (see the module docstring for how its format is chosen).
       format: ``"orbax"``, ``"safetensors"``, ``"torch"``, ``"hf"`` or ``"dcp"``: the output
         format, where ``dst`` leaves it open.
@@ -186,7 +191,7 @@ def convert(
     # An input that records no ties (a DCP folder) has them from its config; any
     # other input's config is the output's.
     reader = find_reader(src) if isinstance(src, (str, os.PathLike)) else None
-    declares = reader is not None and not reader.records_ties
+    declares = reader is not None and reader.ties_from_config
     hf_options = (config is not None and not declares) or max_shard_size is not None
     fmt = output_format(dst, format, hf_options=hf_options)
     if manifest and fmt in ("torch", "dcp"):
@@ -261,6 +266,6 @@ def _with_stacks(rules: Rules, stack: str | Sequence[str], axis: int) -> Rules:
 
 def _is_training_run(src: Any) -> bool:
     """Whether ``src`` is a training run jaxshare wrote (``convert --optimizer``)."""
-    from bridge.training.run import is_training_run  # (optax's layouts: 14 ms to import)
+    from bridge.training.run import is_training_run  # (optax: 14 ms to import)
 
     return is_training_run(src)

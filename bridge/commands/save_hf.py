@@ -351,7 +351,7 @@ def _plan_of(
 ) -> tuple[Plan, TensorSource]:
     """The PyTorch names of ``source``'s tensors: as they are (PyTorch names); by its
     naming record (a conversion's: exact); by the transformers-flax layout (given, or
-    found: no collection at the top), whose rules decide every name and layout; else
+    found: no collection at the top), whose rules decide every name and axis order; else
     after the config's model class (``like=``), which settles what names cannot; by
     the rules where ``rules.stacks`` names scanned layers (a stack is one output here,
     named ``model.layers.{i}...``). Returns the plan and the source it reads:

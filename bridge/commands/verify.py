@@ -192,7 +192,7 @@ class VerifyReport:
 @dataclass
 class _Side:
     """A source in the compared naming: each stored name's tensor (the source's
-    name it is read from, and the permutation into the compared layout), and
+    name it is read from, and the permutation into the compared axis order), and
     the ties in the compared names."""
 
     source: TensorSource

@@ -161,7 +161,7 @@ def _hf(dst: Path, source: TensorSource, options: Options) -> None:
 
 
 def _run(dst: Path, src: Any, options: Options) -> None:
-    from bridge.training.run import convert_training  # (optax's layouts: 14 ms to import)
+    from bridge.training.run import convert_training  # (optax: 14 ms to import)
 
     convert_training(src, dst, **options.given("force", "rules", "layout", "ties", "config"))
 

@@ -15,7 +15,7 @@ Its ties come from three places, each recorded as the tie's origin:
   by the model class built on the meta device, or by a table without
   transformers (see :mod:`bridge.hf.config`).
 
-:func:`bridge.save_hf` (``_hf_save``) writes them.
+:func:`bridge.save_hf` (:mod:`bridge.commands.save_hf`) writes them.
 """
 
 from __future__ import annotations
@@ -43,7 +43,16 @@ from jaxshare.formats import (
     open_weights_file,
     read_index,
 )
-from jaxshare.internal import FileRange, Index, Manifest, file_part, reading
+from jaxshare.internal import (
+    METADATA,
+    STORAGE,
+    FileRange,
+    Index,
+    Manifest,
+    UnheldTies,
+    file_part,
+    reading,
+)
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["READER", "HFDirectory"]
@@ -112,7 +121,10 @@ class HFDirectory(TensorSource):
         owner: dict[str, int] = {}
         infos: dict[str, ArrayInfo] = {}
         for i, file in enumerate(weights.files):
-            shard = open_weights_file(file)
+            try:
+                shard = open_weights_file(file)
+            except UnheldTies as e:  # (The directory is the input the report names.)
+                raise UnheldTies(str(e), weights.directory, self.kind, e.ties) from None
             self._shards.append(shard)
             for name, info in shard.infos.items():
                 if name in owner:
@@ -132,7 +144,7 @@ class HFDirectory(TensorSource):
                 ties[alias] = canonical
                 if (perm := shard.ties.transform(alias)) is not None:
                     transforms[alias] = perm
-                origins[alias] = shard.origins.get(alias, "metadata")
+                origins[alias] = shard.origins.get(alias, METADATA)
             if shard.ties.naming is not None:
                 if naming is not None and naming != shard.ties.naming:
                     raise ValueError(
@@ -158,7 +170,7 @@ class HFDirectory(TensorSource):
         self.origins = {a: origins[a] for a in self.ties}
         self.unapplied_ties = tuple(t for shard in self._shards for t in shard.unapplied_ties)
         self.layers = found.layers
-        self._storage = frozenset(a for a, o in self.origins.items() if o == "storage")
+        self._storage = frozenset(a for a, o in self.origins.items() if o == STORAGE)
         parts = [] if weights.index is None else [f"{weights.index.name}: {len(owner)} tensors"]
         shards = zip(weights.files, self._shards, strict=True)
         parts += [file_part(f, len(s.infos)) for f, s in shards]

@@ -1,6 +1,6 @@
-"""Flax layouts: how a Flax tree names and lays out the tensors of a PyTorch model.
+"""Flax layouts: how a Flax tree names and places the tensors of a PyTorch model.
 
-A layout is a list of naming and layout rules (:mod:`bridge.layouts.rules`) plus what it
+A layout is a list of naming and axis rules (:mod:`bridge.layouts.rules`) plus what it
 knows of each model family's Flax port, and makes the :class:`bridge.Rules` that
 placing and naming use:
 
@@ -25,6 +25,7 @@ families are known by ``config.json``'s ``model_type``.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -148,7 +149,7 @@ class Layout:
 
     Attributes:
       name: what ``layout=`` (and ``--layout``) calls it.
-      rules: the naming and layout rules, in order.
+      rules: the naming and axis rules, in order.
       collections: whether paths start with the linen collection (``params/``).
       families: family quirks, found by ``config.json``'s ``model_type``.
       view: where the layout reshapes and rescales tensors beyond naming and
@@ -166,6 +167,18 @@ class Layout:
     collections: bool = True
     families: tuple[Family, ...] = ()
     view: Callable[[TensorSource, Mapping[str, Any] | None], TensorSource] | None = None
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether the layout has a :attr:`view` (its old flag, with a
+        ``DeprecationWarning``)."""
+        warnings.warn(
+            "`Layout.reshapes` is now `Layout.view is not None`: a layout that reshapes "
+            "converts through its view.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.view is not None
 
     def family(self, config: Mapping[str, Any] | None) -> Family | None:
         """The family of ``config`` (a ``config.json`` dict), ``None`` if none is known."""

@@ -438,7 +438,7 @@ class _MaxTextSource(TensorSource):
             config = source.config
         self._model = _model(config, source.where, interleaved_rope)
         assert config is not None  # (`_model` refuses anything but a mapping.)
-        self.config = config
+        self.config, self.live = config, source.live
         self._axis = _check_axis(scan_axis)
         return self._model, config
 

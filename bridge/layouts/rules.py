@@ -1,4 +1,4 @@
-"""Naming and layout rules: the tables a layout is made of.
+"""Naming and axis rules: the tables a layout is made of.
 
 A PyTorch name ``a.b.0.c.weight`` is a module path plus a leaf name; its Flax path
 is ``params/a/b/0/c/kernel``: a collection, the same module path (``layers.0``
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -55,9 +55,14 @@ AXES: Mapping[str, Callable[[int], Perm | None]] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True)
+_RENAMED = (
+    "`Rule.layout` is now `Rule.axes`: a layout is a model family's convention (bridge.Layout)."
+)
+
+
+@dataclass(frozen=True, init=False)
 class Rule:
-    """One naming and layout rule.
+    """One naming and axis rule: a leaf's Flax name and axis order.
 
     Args:
       torch: the PyTorch leaf name, e.g. ``"weight"``.
@@ -81,17 +86,24 @@ class Rule:
     ndims: tuple[int, ...] = ()
     axes: str = "same"
     collection: str = "params"
-    layout: InitVar[str | None] = None
 
-    def __post_init__(self, layout: str | None) -> None:
+    def __init__(
+        self,
+        torch: str,
+        flax: str,
+        layers: Sequence[str] = (),
+        ndims: Sequence[int] = (),
+        axes: str = "same",
+        collection: str = "params",
+        layout: str | None = None,
+    ) -> None:
+        # (Written out rather than generated, for the old name `layout=`.)
         if layout is not None:
-            warnings.warn(
-                "`Rule(layout=...)` is now `Rule(axes=...)`: a layout is a model family's "
-                "convention (bridge.Layout).",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-            object.__setattr__(self, "axes", layout)
+            warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+            axes = layout
+        given = dict(torch=torch, flax=flax, layers=tuple(layers), ndims=tuple(ndims))
+        for attr, value in {**given, "axes": axes, "collection": collection}.items():
+            object.__setattr__(self, attr, value)
         names = (("torch", self.torch), ("flax", self.flax), ("collection", self.collection))
         for what, name in names:
             if not isinstance(name, str) or not name or "." in name or "/" in name:
@@ -103,8 +115,6 @@ class Rule:
                 f"Rule {self.torch!r} -> {self.flax!r}: unknown `axes` {self.axes!r}; "
                 f"expected one of {sorted(AXES)}."
             )
-        object.__setattr__(self, "layers", tuple(self.layers))
-        object.__setattr__(self, "ndims", tuple(self.ndims))
 
     def perm(self, ndim: int) -> Perm | None:
         """The PyTorch -> Flax axis permutation for a tensor of rank ``ndim``."""
@@ -113,6 +123,12 @@ class Rule:
 
     def fits(self, ndim: int) -> bool:
         return not self.ndims or ndim in self.ndims
+
+    @property
+    def layout(self) -> str:
+        """The old name of :attr:`axes` (with a ``DeprecationWarning``)."""
+        warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
+        return self.axes
 
 
 #: The rules, in order. See the module docstring for how they are chosen.

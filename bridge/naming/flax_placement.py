@@ -126,7 +126,7 @@ class Candidate:
 def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
     """Every place ``leaf`` can go, best first, distinct.
 
-    The last candidate keeps the PyTorch name and layout, in ``params`` (or in
+    The last candidate keeps the PyTorch name and axis order, in ``params`` (or in
     ``buffers`` for a known buffer).
 
     >>> [(t.name, t.perm) for t in candidates(TorchLeaf("head.weight", (3, 2)), Rules())]
@@ -370,12 +370,12 @@ class FlaxPlacement:
 
     def source_of(self, key: str) -> tuple[str, Perm | None]:
         """The stored tensor a stored name is read from, and the permutation from its
-        layout to the name's Flax leaf."""
+        axis order to the name's Flax leaf."""
         return self.copies.get(key, (key, self.places[key].perm))
 
     def plan(self, source: TensorSource) -> Plan:
         """The streaming plan: each stored tensor of ``source`` written at its Flax
-        path, in its Flax layout; the plan's alias map carries the naming record.
+        path, in its Flax axis order; the plan's alias map carries the naming record.
         (Stacked layers are read from :attr:`reads`.)"""
         source = self.reads or source
         entries = []
@@ -528,7 +528,7 @@ def place_leaves(
     Without ``like`` a recorded ``naming`` (a file jaxshare wrote from Flax)
     places each leaf exactly; otherwise the rules do. An alias with no place in
     ``like`` (or whose layer is unknown) takes its canonical's Flax leaf name
-    and layout at its own module path; one whose layer is known takes the
+    and axis order at its own module path; one whose layer is known takes the
     rules' name for it.
     """
     groups: dict[str, list[str]] = {}
@@ -619,7 +619,7 @@ def _alias_place(leaf: TorchLeaf, canonical: Place, canonical_leaf: str, rules: 
     """The place of an alias that nothing else places: the rules' name for its layer
     when the layer is known (or its module name tells it: ``lm_head``); else, when it
     has its canonical's leaf name (``decoder.weight`` tied to ``encoder.weight``), the
-    canonical's Flax leaf name and layout at its own module path; else (a parameter
+    canonical's Flax leaf name and axis order at its own module path; else (a parameter
     registered twice, even in one module: ``self.b = self.a``, ``lin.weight2 =
     lin.weight``) a Flax name of its own."""
     own = {"collection": canonical.collection, "linen": canonical.linen}
@@ -654,7 +654,7 @@ def flax_plan(
     rules: RulesArg = None,
     layout: str | Layout | None = None,
 ) -> Plan:
-    """Where each tensor of a PyTorch-named source goes in Flax: its path, layout
+    """Where each tensor of a PyTorch-named source goes in Flax: its path, axis order
     and ties, as :func:`bridge.to_flax` would place it, without reading a tensor.
 
     The plan's alias map (Flax paths) carries the naming record; ``layout``

@@ -37,10 +37,7 @@ def place_any(
         if like is not None:
             raise ValueError(f"`like=` places by rules, which the {chosen.name} layout is not.")
         source = source if source.flax_named else chosen.view(source, None)
-        places = {name: Place(split(name), None) for name in [*source.infos, *source.ties]}
-        return FlaxPlacement(
-            places, [n for n in source.infos if n not in source.ties], source.ties
-        ), source
+        return _as_is(source), source
     if source.flax_named:
         kept = _kept_as_is(source, like, layout)
         if kept is not None:
@@ -56,6 +53,11 @@ def _kept_as_is(
     found = detect_layout(None, list(source.infos), source.config)
     if like is not None or (layout is not None and as_layout(layout) is not (found or JAXSHARE)):
         return None
+    return _as_is(source)
+
+
+def _as_is(source: TensorSource) -> FlaxPlacement:
+    """Every tensor of a Flax-named ``source`` placed at its own path."""
     places = {name: Place(split(name), None) for name in [*source.infos, *source.ties]}
     stored = [name for name in source.infos if name not in source.ties]
     return FlaxPlacement(places, stored, source.ties)

@@ -3,7 +3,7 @@
 A tie in PyTorch is one tensor under several names (:func:`bridge.shared_params`
 finds them). In Flax it becomes one leaf, at the first name's place, and an
 ``AliasMap`` entry for every other name. Where the two ends of a tie get
-different layouts (an Embedding ``weight`` reused as a Linear ``weight``: Flax
+different axis orders (an Embedding ``weight`` reused as a Linear ``weight``: Flax
 ``embedding`` and ``kernel == embedding.T``) the alias carries the permutation.
 
 Where each tensor goes is decided first, from names and shapes alone
@@ -95,7 +95,7 @@ def _flax_arrays(
     queued: list[str] = []
     arrays: dict[str, Any] = {}
     if torch_tensors:
-        # Tensors JAX can take as they are (CPU, contiguous, Flax layout: e.g. a live
+        # Tensors JAX can take as they are (CPU, contiguous, Flax axis order: e.g. a live
         # module's) become arrays over their memory in one call. Tensors to transpose
         # are handed to XLA one after another (each call only queues the transpose,
         # which XLA runs on its own threads), first, so they run while the rest is
@@ -134,9 +134,9 @@ def _wants_slices(sharding: Any) -> bool:
 
 
 def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: Any) -> Any:
-    """The array of ``key`` in Flax layout, built on ``sharding``'s devices with
+    """The array of ``key`` in Flax axis order, built on ``sharding``'s devices with
     ``jax.make_array_from_callback``: each addressable device's block is read as the
-    matching slice of the PyTorch tensor (transposed where the layout differs), and
+    matching slice of the PyTorch tensor (transposed where the axis order differs), and
     a block several local devices hold is read once."""
     info = source.infos[key]
     shape = permute_shape(info.shape, perm)
@@ -216,11 +216,11 @@ def to_flax(
 ) -> tuple[Any, AliasMap]:
     """PyTorch weights as Flax variables, with their ties as an ``AliasMap``.
 
-    Names and layouts follow ``rules`` (see :data:`bridge.DEFAULT_RULES`):
+    Names and axis orders follow ``rules`` (see :data:`bridge.DEFAULT_RULES`):
     ``a.b.0.c.weight`` of a Linear becomes ``params/a/b/0/c/kernel``, transposed.
     A tensor under several names (found by :func:`bridge.shared_params`) becomes
     one array: every other name is an alias of its first name, carrying the
-    permutation where the two names get different layouts.
+    permutation where the two names get different axis orders.
 
     Arrays are ``jax.Array`` on the default device (or as a ``like`` leaf's
     sharding asks), sharing a tensor's memory where no permutation is needed,
@@ -241,7 +241,7 @@ def to_flax(
         Hugging Face model's ``params``), an ``nnx.State`` or ``nnx.Module``, or
         their ``jax.eval_shape``. The result then has exactly its structure,
         shapes checked leaf by leaf; ``like`` also settles ambiguous names and
-        layouts. An alias ``like`` has no place for (a model that computes
+        axis orders. An alias ``like`` has no place for (a model that computes
         ``lm_head`` from the embedding) stays in the alias map.
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
       layout: the Flax layout to place in: ``"jaxshare"`` (the default, linen
@@ -295,7 +295,7 @@ def flax_alias_map(
     layout: str | Layout | None = None,
 ) -> AliasMap:
     """PyTorch ``{alias: canonical}`` (DeepSpeed's ``shared_params``) as an
-    ``AliasMap`` in Flax paths, with the permutations the layouts imply.
+    ``AliasMap`` in Flax paths, with the permutations their axis orders imply.
 
     Args:
       aliases: PyTorch names. An alias ``source`` lacks (DeepSpeed did not store

@@ -1,9 +1,9 @@
 """``to_torch``: Flax variables as a PyTorch state dict, every tie one tensor again.
 
-Names and layouts come from the rules (or from a target module, ``like=``); the
+Names and axis orders come from the rules (or from a target module, ``like=``); the
 ties from the alias map, arrays that are one object, or an NNX module's shared
 Variables. A tie whose permutations cancel between the two sides (``kernel ==
-embedding.T`` going back to two ``weight`` s of one layout) is the very same
+embedding.T`` going back to two ``weight`` s of one axis order) is the very same
 tensor object under both names, so ``load_state_dict(strict=True)`` works and
 ``torch.save`` writes one storage.
 """
@@ -33,13 +33,13 @@ def _torch_tensors(
     plan: TorchNaming, progress: ProgressFn | None = None
 ) -> dict[str, torch.Tensor]:
     """The tensors of ``plan``: stored leaves first, then every alias as the very
-    tensor of its canonical (layouts cancel), a permuted view of it, or -- when
+    tensor of its canonical (axis orders cancel), a permuted view of it, or -- when
     the canonical has no PyTorch name -- its own tensor."""
     amap = plan.alias_map
     made: dict[tuple[str, Perm | None], torch.Tensor] = {}
 
     def source(path: str) -> tuple[str, Perm | None]:
-        """The stored path and the torch-layout permutation of it ``path`` holds."""
+        """The stored path ``path`` holds, and the permutation of it into torch axis order."""
         key, perm = plan.names[path]
         stored, flax_perm = (amap[path], amap.transform(path)) if path in amap else (path, None)
         # torch = transpose(flax value, inverse(perm)); flax value = transpose(stored, flax_perm).
@@ -127,9 +127,9 @@ def to_torch(
 
     The inverse of :func:`to_flax`: ``to_torch(*to_flax(sd))`` equals ``sd`` bit for
     bit, names and dtypes included, and each alias is the very same tensor object
-    as its canonical wherever the layouts cancel (an Embedding ``weight`` reused as
+    as its canonical wherever the axis orders cancel (an Embedding ``weight`` reused as
     a Linear ``weight``), so ``load_state_dict(strict=True)`` works and
-    ``torch.save`` stores one storage. A tie whose layouts do not cancel comes back
+    ``torch.save`` stores one storage. A tie whose axis orders do not cancel comes back
     as a permuted view of its canonical: one memory, another shape.
 
     Tensors share the arrays' memory where no permutation is needed and an array
@@ -144,8 +144,8 @@ def to_torch(
         PyTorch names (DeepSpeed's ``shared_params``). Arrays that are one object
         in ``variables`` are tied even without it.
       like: the target module or state dict: the result has exactly its names,
-        shapes checked; its layer types settle layouts names cannot (a square
-        GPT-2 ``Conv1D`` weight). Without it, names and layouts come from the
+        shapes checked; its layer types settle axis orders names cannot (a square
+        GPT-2 ``Conv1D`` weight). Without it, names and axis orders come from the
         rules alone, which invert :func:`to_flax` of a state dict exactly.
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
       layout: the Flax layout ``variables`` are in: ``"jaxshare"`` (the default)

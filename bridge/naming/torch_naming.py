@@ -1,4 +1,4 @@
-"""Flax -> torch naming: the PyTorch name and layout of every leaf of a Flax tree.
+"""Flax -> torch naming: the PyTorch name and axis order of every leaf of a Flax tree.
 
 Naming reads only paths, shapes, the alias map and its naming record -- never an
 array -- and decides, for every Flax path, the PyTorch name and the PyTorch ->
@@ -194,8 +194,8 @@ class TorchNaming:
 
     def plan(self) -> Plan:
         """The streaming plan: each stored Flax path written under its PyTorch
-        name, in PyTorch layout. Its alias map is in PyTorch names: a tie whose
-        layouts cancel is an identical alias (stored once), one whose layouts
+        name, in PyTorch axis order. Its alias map is in PyTorch names: a tie whose
+        axis orders cancel is an identical alias (stored once), one whose axis orders
         differ an alias with a transform; its naming record maps the Flax paths
         to the PyTorch names."""
         flax_ties = self.alias_map
@@ -339,13 +339,13 @@ def torch_plan(
     layout: str | Layout | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Plan:
-    """How each array of a Flax-named source is named and laid out in PyTorch, as
+    """How each array of a Flax-named source is named and transposed in PyTorch, as
     :func:`bridge.to_torch` would, without reading an array.
 
     A naming record the source carries (a conversion's) decides names and
-    layouts exactly; otherwise the rules do (or ``like``, a module or state
-    dict). The plan's alias map is in PyTorch names: a tie whose layouts cancel
-    is an identical alias (stored once), one whose layouts differ an alias with
+    axis orders exactly; otherwise the rules do (or ``like``, a module or state
+    dict). The plan's alias map is in PyTorch names: a tie whose axis orders cancel
+    is an identical alias (stored once), one whose axis orders differ an alias with
     a transform; its naming record maps the Flax paths to the PyTorch names.
 
     The rules are ``layout`` 's for the model of ``config`` (default: the
@@ -480,11 +480,11 @@ def torch_alias_map(
 
     Args:
       alias_map: the ties in Flax paths.
-      variables: the tree they belong to (shapes decide the PyTorch layouts).
+      variables: the tree they belong to (shapes decide the PyTorch axis orders).
       like, rules, layout: as in :func:`bridge.to_torch`.
 
     Raises:
-      ValueError: a tie whose layouts do not cancel, which a PyTorch name cannot
+      ValueError: a tie whose axis orders do not cancel, which a PyTorch name cannot
         express (it would be a permuted view, not the same tensor).
 
     >>> import jax.numpy as jnp
@@ -507,7 +507,7 @@ def torch_alias_map(
         if compose(compose(inverse(perm_a), plan.alias_map.transform(alias)), perm_c) is not None:
             raise ValueError(
                 f"alias {alias!r} of {canonical!r}: their PyTorch tensors {key_a!r} and "
-                f"{key_c!r} differ in layout, so PyTorch cannot tie them by name."
+                f"{key_c!r} differ in axis order, so PyTorch cannot tie them by name."
             )
         out[key_a] = key_c
     return out

@@ -25,7 +25,7 @@ from bridge.hf.config import config_dict, config_ties
 from bridge.layouts.rules import Rules
 from jaxshare import AliasMap
 from jaxshare.formats import CONFIG_FILE
-from jaxshare.internal import RetiedSource, same_bytes
+from jaxshare.internal import RetiedSource, same_bytes, transpose
 from jaxshare.stream import TensorSource
 
 __all__ = ["declare_ties", "parse_tie", "tie_map"]
@@ -70,7 +70,8 @@ def declare_ties(
     """``source`` with the ties ``ties`` (``{alias: canonical}``, PyTorch names) and
     those ``config`` declares, each checked against the stored values: where both
     names are stored their bytes must be equal; an alias the source lacks is its
-    canonical's tensor. ``source`` itself when nothing is declared.
+    canonical's tensor. The result's ``config`` is ``config`` where one is given.
+    ``source`` itself when nothing is declared.
 
     Raises:
       ValueError: a declared tie whose tensors differ (one line naming both, their
@@ -88,8 +89,8 @@ def declare_ties(
     declared = dict(ties)
     origins = dict.fromkeys(declared, "--tie")
     assets: dict[str, Path] = {}
-    if config is not None:
-        cfg = config_dict(config)
+    cfg = None if config is None else config_dict(config)
+    if cfg is not None:
         found = config_ties(cfg, list(source.infos), rules or Rules())
         named = {a: c for a, c in found.ties.items() if a in source.infos or c in source.infos}
         if found.ties and not named:
@@ -106,32 +107,37 @@ def declare_ties(
         if isinstance(config, (str, os.PathLike)):
             file = Path(config)
             assets[CONFIG_FILE] = file / CONFIG_FILE if file.is_dir() else file
-    if not declared and not assets:
+    if not declared and not assets and cfg is None:
         return source
-    merged = dict(source.ties.items())
-    transforms = dict(source.ties.transforms)
+    # A declared canonical may itself be an alias (with a transform): the map
+    # collapses the chain to the stored root and composes the transforms.
+    merged = {**source.ties, **declared}
+    kept = {a: t for a, t in source.ties.transforms.items() if a not in declared}
+    try:
+        ties = AliasMap(merged, transforms=kept, naming=source.ties.naming)
+    except ValueError as error:
+        raise ValueError(f"{source.where}: the declared ties {declared}: {error}") from None
     for alias, canonical in declared.items():
-        root = merged.get(canonical, canonical)
-        _check(source, alias, root, origins[alias])
-        merged[alias] = root
-    return RetiedSource(
-        source, AliasMap(merged, transforms=transforms, naming=source.ties.naming), origins, assets
-    )
+        _check(source, alias, canonical, ties, origins[alias])
+    return RetiedSource(source, ties, origins, assets, config=cfg)
 
 
-def _check(source: TensorSource, alias: str, canonical: str, origin: str) -> None:
-    """One line unless ``alias`` can be ``canonical``'s tensor."""
+def _check(source: TensorSource, alias: str, canonical: str, ties: AliasMap, origin: str) -> None:
+    """One line unless ``alias`` can be ``canonical``'s tensor (its stored root's,
+    transformed as ``ties`` says)."""
     where = f"{source.where}: {origin} ties {alias!r} to {canonical!r}"
-    if canonical not in source.infos:
+    root, perm = ties.get(alias, alias), ties.transform(alias)
+    if root not in source.infos:
         raise ValueError(f"{where}, but it holds no tensor {canonical!r}.")
     if alias not in source.infos:
         return  # (Not stored: the alias is the canonical's tensor.)
-    a, c = source.infos[alias], source.infos[canonical]
+    a, c = source.infos[alias], source.infos[root].permuted(perm)
     if (a.shape, a.dtype) != (c.shape, c.dtype):
         raise ValueError(
             f"{where}, but they differ: {a.shape} {a.dtype} against {c.shape} {c.dtype}."
         )
-    x, y = source.array(alias), source.array(canonical)
+    x, y = source.array(alias), source.array(root)
+    y = y if perm is None else transpose(y, perm)
     if not same_bytes(x, y):
         delta = np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))
         raise ValueError(

@@ -39,7 +39,6 @@ from jaxshare.stream import TensorSource
 
 __all__ = [
     "READERS",
-    "Source",
     "expected",
     "find_reader",
     "open_source",
@@ -96,8 +95,7 @@ def reader_of(path: str | os.PathLike) -> Reader:
     reader = find_reader(path)
     if reader is not None:
         return reader
-    found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
-    raise UsageError(f"{path}: expected {expected()}; found {found}.")
+    raise UsageError(f"{path}: expected {expected()}; found {_found(path)}.")
 
 
 def open_source(
@@ -186,9 +184,13 @@ def open_training(source: Any, rules: Rules | None = None) -> TrainingState:
     reader = find_reader(path)
     if reader is None or reader.open_training is None:
         training = expected(tuple(r for r in READERS if r.open_training is not None))
-        found = "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"
         raise ValueError(
             f"{path}: expected a training checkpoint -- {training} holding a model's and an "
-            f"optimizer's state -- found {found}."
+            f"optimizer's state -- found {_found(path)}."
         )
     return reader.open_training(path)
+
+
+def _found(path: Path) -> str:
+    """What ``path`` is, for an error that says what was expected instead."""
+    return "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"

@@ -19,13 +19,7 @@ import torch
 from bridge.torch.shared import tensor_ties
 from bridge.torch.tensors import as_numpy, numpy_dtype
 from jaxshare import AliasMap
-from jaxshare.formats import (
-    ALIAS_MAP_KEY,
-    TensorSpec,
-    alias_map_in,
-    read_header,
-    write_safetensors,
-)
+from jaxshare.formats import ALIAS_MAP_KEY, SafetensorsFile, TensorSpec, write_safetensors
 from jaxshare.internal import Perm
 
 __all__ = ["load_safetensors", "save_safetensors"]
@@ -59,7 +53,7 @@ def save_safetensors(
 
     A name whose tensor is the same memory as an earlier name's (a tie, or a
     permuted view of it as :func:`bridge.to_torch` returns for ties whose
-    layouts differ) is not stored; the file's metadata maps it to the name that
+    axis orders differ) is not stored; the file's metadata maps it to the name that
     is, under ``"jaxshare.alias_map"``. Plain ``safetensors`` loads the file (the
     stored names); :func:`load_safetensors` loads every name. The file is
     written at a temporary name beside ``path`` and appears only when complete.
@@ -124,11 +118,12 @@ def _retie(path: Any, state: dict[str, torch.Tensor], amap: AliasMap) -> dict[st
 
 
 def load_safetensors(path: str | os.PathLike, /) -> dict[str, torch.Tensor]:
-    """Loads a ``.safetensors`` file, every alias in its metadata the same tensor
-    object as its canonical again (or the permuted view of it).
+    """Loads a ``.safetensors`` file, every tie it records the same tensor object
+    as its canonical again (or the permuted view of it): jaxshare's alias map, and
+    the names ``safetensors.torch.save_model`` dropped as duplicates.
 
-    A file without jaxshare metadata loads as plain ``safetensors`` would. The
-    header is checked against the file before any tensor is read.
+    A file that records no tie loads as plain ``safetensors`` would. The header is
+    checked against the file before any tensor is read.
 
     Raises:
       FileNotFoundError: no such file.
@@ -137,6 +132,6 @@ def load_safetensors(path: str | os.PathLike, /) -> dict[str, torch.Tensor]:
     """
     from safetensors.torch import load_file
 
-    header = read_header(path)
-    amap = alias_map_in(header)
-    return _retie(header.path, load_file(header.path), amap)
+    with SafetensorsFile(path) as file:  # (The ties every reader sees: one place.)
+        where, ties = file.header.path, file.ties
+    return _retie(where, load_file(where), ties)

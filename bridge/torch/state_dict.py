@@ -14,7 +14,7 @@ from bridge.layouts.rules import Rules, layer_kind
 from bridge.torch.shared import shared_params, state_dict_of
 from bridge.torch.tensors import as_numpy, numpy_dtype
 from jaxshare import AliasMap
-from jaxshare.internal import Index
+from jaxshare.internal import STORAGE, Index
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["StateDictSource"]
@@ -61,7 +61,7 @@ class StateDictSource(TensorSource):
             k: ArrayInfo(tuple(t.shape), numpy_dtype(t.dtype, k).name) for k, t in state.items()
         }
         ties = shared_params(state)
-        self.origins = dict.fromkeys(ties, "storage")
+        self.origins = dict.fromkeys(ties, STORAGE)
         self.ties = AliasMap(ties)
         self.buffers: frozenset[str] | None = None
         if isinstance(module_or_state_dict, torch.nn.Module):

@@ -2,7 +2,7 @@
 
 Values never take a float32 detour: every dtype crosses as itself (bfloat16 and
 float16 included), through DLPack where both sides can share the memory and
-through a numpy view of the raw bits otherwise. A tensor whose layout needs no
+through a numpy view of the raw bits otherwise. A tensor whose axis order needs no
 permutation is shared, not copied.
 
 JAX cannot hold 64-bit values unless ``jax_enable_x64`` is on; it would silently
@@ -144,7 +144,7 @@ def to_array(
     key: str = "?",
     sharding: Any = None,
 ) -> jax.Array | np.ndarray:
-    """``tensor`` permuted by ``perm`` (torch -> Flax layout), as a JAX array.
+    """``tensor`` permuted by ``perm`` (torch -> Flax axis order), as a JAX array.
 
     A numpy array is copied once, permuted on the way.
 
@@ -188,7 +188,7 @@ def to_array(
 
 def shares_memory_as_array(tensor: Any, perm: Perm | None) -> bool:
     """Whether :func:`to_array` of ``tensor`` needs no copy: a contiguous, dense
-    CPU tensor of a dtype JAX holds, in Flax layout already."""
+    CPU tensor of a dtype JAX holds, in Flax axis order already."""
     return (
         perm is None
         and isinstance(tensor, torch.Tensor)
@@ -212,7 +212,7 @@ def arrays_sharing_memory(tensors: Sequence[torch.Tensor], keys: Sequence[str]) 
 
 
 def to_tensor(array: Any, perm: Perm | None = None, *, key: str = "?") -> torch.Tensor:
-    """A JAX or numpy ``array`` permuted by ``perm`` (Flax -> torch layout), as a
+    """A JAX or numpy ``array`` permuted by ``perm`` (Flax -> torch axis order), as a
     contiguous tensor; it shares the array's memory when no permutation is needed
     and the array lives on one CPU device.
 

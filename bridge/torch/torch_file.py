@@ -56,7 +56,7 @@ def load_torch(path: str | os.PathLike, /, *, mmap: bool = False) -> dict[str, t
     """
     path = Path(path)
     obj = unpickle_torch_file(path, mode="copy-on-write" if mmap else "memory")
-    arrays, _ = state_dict_in(path, obj)
+    arrays, _, _ = state_dict_in(path, obj)
     ties = state_dict_ties(arrays)
     state: dict[str, torch.Tensor] = {}
     for name, array in arrays.items():

@@ -52,9 +52,7 @@ class SlotAsParams(TensorSource):
         self._params, self._slot = params, slot
         self.infos = {name: ArrayInfo(info.shape, "float32") for name, info in params.infos.items()}
         self.ties, self.layers = params.ties, params.layers
-        for attr in ("config", "buffers"):
-            if hasattr(params, attr):
-                setattr(self, attr, getattr(params, attr))
+        self.config, self.buffers, self.live = params.config, params.buffers, params.live
 
     def read(self, name: str) -> np.ndarray:
         return self.array(name)

@@ -684,7 +684,7 @@ class DirectArray:
         kernel had just read cost more CPU than the decode, and an 8 GB item went
         to a ``.safetensors`` file in 11.2-12.0 s with 7.8-8.3 s of user CPU
         against 12.6-13.0 s with 14.1-14.3 s (11.3-11.5 s against 13.5-14.2 s
-        transposed into PyTorch's layouts)."""
+        transposed into PyTorch's axis order)."""
         frame = read_direct(self.store.data(chunk))
         with zstandard.ZstdDecompressor().stream_reader(frame.data) as reader:
             _read_fully(reader, target, where)

@@ -2,7 +2,7 @@
 
 The direction is DeepSpeed's ``shared_params``: the key is the path that is not
 stored (the alias), the value the path that is (the canonical). An alias may
-carry an axis permutation, for ties across a layout change (PyTorch
+carry an axis permutation, for ties across an axis-order change (PyTorch
 ``lm_head.weight`` tied to ``wte.weight`` is Flax ``lm_head/kernel ==
 wte/embedding.T``).
 """

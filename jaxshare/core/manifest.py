@@ -1,7 +1,7 @@
 """``Manifest``: per-tensor hashes of what a writer wrote, so one side can be verified.
 
 A conversion run with ``manifest=True`` (``jaxshare convert ... --manifest``)
-hashes each tensor's bytes as the writer writes them -- in the layout and dtype
+hashes each tensor's bytes as the writer writes them -- in the axis order and dtype
 they are stored in, in C order, no second read -- and records, per stored name,
 shape, dtype and the SHA-256 of those bytes. ``jaxshare verify OUT`` then reads
 OUT once and holds every tensor against its manifest.

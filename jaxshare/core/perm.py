@@ -1,6 +1,6 @@
 """Axis permutations: the one home of ``Perm`` and everything done with one.
 
-A tie across a layout change (PyTorch ``lm_head.weight`` tied to ``wte.weight``
+A tie across an axis-order change (PyTorch ``lm_head.weight`` tied to ``wte.weight``
 is Flax ``lm_head/kernel == wte/embedding.T``) carries an axis permutation, in
 the convention of ``numpy.transpose``: ``out.shape[i] == x.shape[perm[i]]``.
 The identity is always normalised to ``None``, so "no transform" has one
@@ -108,7 +108,7 @@ def permute_shape(shape: Sequence[int], perm: Perm | None) -> tuple[int, ...]:
 def transpose(x: Any, perm: Perm | None, where: str = "the array") -> Any:
     """``x`` transposed by ``perm``: a numpy or JAX array, or a ``jax.ShapeDtypeStruct``
     (a restore target; permuted abstractly, its sharding dropped, as it does not
-    carry over to the transposed layout).
+    carry over to the transposed axis order).
 
     Raises:
       TypeError: ``x`` is not an array.

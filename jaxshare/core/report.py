@@ -18,7 +18,27 @@ from jaxshare.core.dtype import itemsize
 from jaxshare.core.naming import stack_axis
 from jaxshare.core.perm import Perm, permute_shape
 
-__all__ = ["ArrayInfo", "TieReport", "format_bytes"]
+__all__ = [
+    "ALIAS_MAP",
+    "METADATA",
+    "SHARED_PARAMS",
+    "STORAGE",
+    "ArrayInfo",
+    "TieReport",
+    "format_bytes",
+]
+
+# Where a tie comes from (a report's ``origins``): the words every reader uses, and
+# ``check`` tells ties apart by.
+#: jaxshare's alias map (an item's file, a DCP folder's); what an alias no reader
+#: names gets.
+ALIAS_MAP = "alias map"
+#: jaxshare's alias map in a ``.safetensors`` file's metadata.
+METADATA = "metadata"
+#: DeepSpeed's record of the names it left out (``shared_params``).
+SHARED_PARAMS = "shared_params"
+#: Tensors over one memory (a ``torch.save`` file, a module's state dict).
+STORAGE = "storage"
 
 
 @dataclass(frozen=True)
@@ -148,7 +168,7 @@ class TieReport:
 
     def origin(self, alias: str) -> str:
         """Where the tie of ``alias`` comes from (see ``origins``)."""
-        return self.origins.get(alias, "alias map")
+        return self.origins.get(alias, ALIAS_MAP)
 
     def to_dict(self) -> dict:
         groups = []

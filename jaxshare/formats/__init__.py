@@ -84,6 +84,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.safetensors import read_header as read_header
     from jaxshare.formats.safetensors import save_plan as save_plan
     from jaxshare.formats.safetensors import write_safetensors as write_safetensors
+    from jaxshare.formats.weights import WEIGHT_FILES as WEIGHT_FILES
     from jaxshare.formats.weights import WEIGHT_SUFFIXES as WEIGHT_SUFFIXES
     from jaxshare.formats.weights import open_weights_file as open_weights_file
     from jaxshare.formats.registry import READERS as READERS
@@ -174,7 +175,7 @@ __getattr__, __dir__, __all__ = _exports(
             "write_safetensors",
             "save_model_ties",
         ],
-        "jaxshare.formats.weights": ["WEIGHT_SUFFIXES", "open_weights_file"],
+        "jaxshare.formats.weights": ["WEIGHT_FILES", "WEIGHT_SUFFIXES", "open_weights_file"],
     },
     # "Layout" is a model family's convention (bridge.Layout): these say what they are.
     renamed={"HFLayout": "HFWeights", "hf_layout": "hf_weights"},

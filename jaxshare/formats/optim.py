@@ -31,17 +31,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import is_floating
 from jaxshare.core.report import ArrayInfo
 from jaxshare.formats.pytorch import (
     TorchFile,
     looks_like_torch_file,
-    state_dict_in,
-    state_dict_ties,
     unpickle_torch_file,
 )
-from jaxshare.io.source import Index, TensorSource, file_part
+from jaxshare.io.source import Index, TensorSource
 
 __all__ = [
     "MODEL_KEYS",
@@ -431,7 +428,7 @@ def _canonical(where: str, name: str, params: TensorSource | None) -> str:
             raise _fail(
                 where,
                 f"the optimizer names {name!r}, a permuted view of {params.ties[name]!r} in the "
-                "model; expected each parameter under its own layout; save the model with the "
+                "model; expected each parameter in its own axis order; save the model with the "
                 "tie as one tensor.",
             )
         return params.ties[name]
@@ -621,13 +618,7 @@ class _TrainingModel(TorchFile):
     what the file holds, its ties found the same way."""
 
     def __init__(self, path: Path, model: Mapping[str, Any], notes: tuple[str, ...]) -> None:
-        self.path = path
-        self.state, recorded = state_dict_in(path, model)
-        self.infos = {k: ArrayInfo(tuple(a.shape), a.dtype.name) for k, a in self.state.items()}
-        found = state_dict_ties(self.state)
-        self.ties = AliasMap(found.aliases, transforms=found.transforms)
-        self.origins = {a: "shared_params" if a in recorded else "storage" for a in self.ties}
-        self.parts = (file_part(path, len(self.state)),)
+        self._load(path, model)
         self.notes = notes
 
 

@@ -13,7 +13,7 @@ line naming it, so the file's code never runs. torch is never imported.
 :class:`TorchFile` is a state-dict file as a :class:`jaxshare.stream.TensorSource`:
 a tensor stored under several names (one storage) is a tie, and so is a
 permuted view of another tensor's storage (what ``bridge.save_torch`` writes
-for a tie whose layouts differ).
+for a tie whose axis orders differ).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.memory import MemoryTies, array_key, memory_ties
-from jaxshare.core.report import ArrayInfo
+from jaxshare.core.report import SHARED_PARAMS, STORAGE, ArrayInfo
 from jaxshare.formats.torch_save.unpickle import unpickle_torch, unpickling
 from jaxshare.formats.torch_save.zip import EMPTY_ARCHIVE, LOCAL_HEADER
 from jaxshare.io.atomic import OutputKind
@@ -158,14 +158,18 @@ def unpickle_torch_file(
 # -- state-dict files ------------------------------------------------------------------
 
 
-def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The state dict a PyTorch file holds, and the ties it records.
+def state_dict_in(
+    path: Path, obj: Any
+) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
+    """The state dict a PyTorch file holds, and the ties it records: ``(state,
+    applied, unapplied)``, each tie ``{alias: canonical}``.
 
     A DeepSpeed checkpoint (``{"module": state_dict, "shared_params": ...}``)
     gives its ``module``, with each name DeepSpeed recorded as shared and did not
     store added back as its canonical's array (``{alias: canonical}``, the second
     value); a name the file stores is kept as stored, since DeepSpeed's walk can
-    be wrong. A consolidated ``zero_to_fp32`` file is a plain state dict.
+    be wrong (the tie is then unapplied, for ``check`` to hold against the values).
+    A consolidated ``zero_to_fp32`` file is a plain state dict.
 
     Raises:
       ValueError: the file holds no state dict, or a recorded tie names a
@@ -186,9 +190,10 @@ def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str
         )
     state = dict(obj)
     ties: dict[str, str] = {}
+    unapplied = {a: c for a, c in recorded.items() if a in state}
     for alias, canonical in recorded.items():
-        if alias in state:
-            continue  # What the file stores is the truth (``TorchFile.unapplied_ties``).
+        if alias in unapplied:
+            continue  # What the file stores is the truth.
         if canonical not in state or state[canonical].size == 0:
             raise ValueError(
                 f"{path}: DeepSpeed's shared_params ties {alias!r} to {canonical!r}, "
@@ -201,7 +206,7 @@ def state_dict_in(path: Path, obj: Any) -> tuple[dict[str, np.ndarray], dict[str
             )
         state[alias] = state[canonical]
         ties[alias] = canonical
-    return state, ties
+    return state, ties, unapplied
 
 
 def recorded_shared_params(obj: Any) -> dict[str, str]:
@@ -228,9 +233,10 @@ class TorchFile(TensorSource):
     file (read only when touched).
 
     The ties are the tensors over one memory: a storage stored under several
-    names (origin ``"storage"``), a permuted view of another tensor (an alias
-    with that permutation), and the aliases a DeepSpeed file records in
-    ``shared_params`` (origin ``"shared_params"``).
+    names (origin :data:`~jaxshare.core.report.STORAGE`), a permuted view of
+    another tensor (an alias with that permutation), and the aliases a DeepSpeed
+    file records in ``shared_params`` (origin
+    :data:`~jaxshare.core.report.SHARED_PARAMS`).
 
     Attributes:
       state: ``{name: array}`` of every name, aliases included.
@@ -254,19 +260,19 @@ class TorchFile(TensorSource):
     kind = "torch"
 
     def __init__(self, path: str | os.PathLike, /) -> None:
-        self.path = Path(path)
-        obj = unpickle_torch_file(self.path)
-        self.state, recorded = state_dict_in(self.path, obj)
+        path = Path(path)
+        self._load(path, unpickle_torch_file(path))
+
+    def _load(self, path: Path, obj: Any) -> None:
+        """Reads the state dict in ``obj``, unpickled from ``path``, and its ties."""
+        self.path = path
+        self.state, recorded, unapplied = state_dict_in(path, obj)
         self.infos = {k: ArrayInfo(tuple(a.shape), a.dtype.name) for k, a in self.state.items()}
         found = state_dict_ties(self.state)
         self.ties = AliasMap(found.aliases, transforms=found.transforms)
-        self.origins = {a: "shared_params" if a in recorded else "storage" for a in self.ties}
-        self.unapplied_ties = tuple(
-            RecordedTie(a, c, "shared_params")
-            for a, c in recorded_shared_params(obj).items()
-            if a not in recorded
-        )
-        self.parts = (file_part(self.path, len(self.state)),)
+        self.origins = {a: SHARED_PARAMS if a in recorded else STORAGE for a in self.ties}
+        self.unapplied_ties = tuple(RecordedTie(a, c, SHARED_PARAMS) for a, c in unapplied.items())
+        self.parts = (file_part(path, len(self.state)),)
 
     @property
     def written_out(self) -> frozenset[str]:

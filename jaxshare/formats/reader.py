@@ -45,8 +45,10 @@ class Reader:
       opener: opens a path it accepts (see :meth:`open`).
       options: the keyword options ``opener`` takes beside the path (a Hugging
         Face directory's ``rules``).
-      records_ties: whether the kind records ties (a DCP folder does not: two
-        names of one tensor are stored twice, and a config declares the tie).
+      ties_from_config: whether a config given with an input of this kind declares
+        its ties (a DCP folder stores a tied pair twice and records no tie: the
+        config's ties are held against the values) rather than being a Hugging
+        Face output's config.
       holds_training: whether a path it accepts holds a training run's optimizer
         state; ``None`` where the kind never does.
       open_training: the weights and the optimizer state of a path it accepts.
@@ -61,7 +63,7 @@ class Reader:
     accepts: Callable[[Path], bool]
     opener: Callable[..., TensorSource] | None
     options: Collection[str] = ()
-    records_ties: bool = True
+    ties_from_config: bool = False
     holds_training: Callable[[Path], bool] | None = None
     open_training: Callable[[Path], TrainingState] | None = None
 

@@ -5,13 +5,14 @@ defines (the test of a path, the source class, the training state where the
 format holds one). ``bridge.open_source`` walks this table, with the Orbax
 item's reader (:data:`jaxshare.checkpoint.READER`) before it and the Hugging Face
 directory's after it; the one error for a path no reader accepts lists what each
-reader's ``what`` says. A new format is its module and one row here (see
+reader's ``what`` says. A new format is its module and one row here (a weights
+file: and its suffix in :data:`~jaxshare.formats.weights.WEIGHT_FILES`; see
 ``docs/architecture.md``, "Adding a reader").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 
 from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder
@@ -25,6 +26,7 @@ from jaxshare.formats.optim import TrainingState, is_torch_training_file, read_t
 from jaxshare.formats.pytorch import TORCH_SUFFIXES, TorchFile
 from jaxshare.formats.reader import Reader
 from jaxshare.formats.safetensors import SafetensorsFile
+from jaxshare.formats.weights import WEIGHT_FILES
 from jaxshare.io.source import TensorSource
 
 __all__ = ["READERS", "file_reader"]
@@ -33,19 +35,22 @@ __all__ = ["READERS", "file_reader"]
 def file_reader(
     name: str,
     what: str,
-    suffixes: Collection[str],
     opener: Callable[[Path], TensorSource],
     *,
     holds_training: Callable[[Path], bool] | None = None,
     open_training: Callable[[Path], TrainingState] | None = None,
 ) -> Reader:
-    """The reader of one kind of weights file, told by its suffix. A file that an
-    index beside it lists as one shard of several is refused in one line: alone it
-    is not the model (a Hugging Face directory opens its shards itself).
+    """The reader of one kind of weights file: those whose suffix
+    :data:`~jaxshare.formats.weights.WEIGHT_FILES` gives to ``opener``. A file that
+    an index beside it lists as one shard of several is refused in one line: alone
+    it is not the model (a Hugging Face directory opens its shards itself).
 
-    >>> file_reader("npy", "a .npy file", (".npy",), print).accepts(Path("w.npy"))
+    >>> file_reader("msgpack", "a Flax .msgpack file", MsgpackFile).accepts(Path("w.pt"))
     False
     """
+    suffixes = frozenset(s for s, reads in WEIGHT_FILES.items() if reads is opener)
+    if not suffixes:
+        raise ValueError(f"{opener!r} reads no suffix of WEIGHT_FILES; add it there.")
 
     def accepts(path: Path) -> bool:
         return path.suffix in suffixes and path.is_file()
@@ -71,7 +76,7 @@ READERS: tuple[Reader, ...] = (
         "a PyTorch DCP directory",
         is_dcp_folder,
         DCPFolder,
-        records_ties=False,
+        ties_from_config=True,
         holds_training=is_dcp_training_folder,
         open_training=read_dcp_training,
     ),
@@ -83,14 +88,13 @@ READERS: tuple[Reader, ...] = (
         holds_training=is_deepspeed_training,
         open_training=read_deepspeed_training,
     ),
-    file_reader("safetensors", "a .safetensors file", (".safetensors",), SafetensorsFile),
+    file_reader("safetensors", "a .safetensors file", SafetensorsFile),
     file_reader(
         "torch",
         f"a PyTorch file ({', '.join(TORCH_SUFFIXES)})",
-        TORCH_SUFFIXES,
         TorchFile,
         holds_training=is_torch_training_file,
         open_training=read_torch_training,
     ),
-    file_reader("msgpack", "a Flax .msgpack file", (".msgpack",), MsgpackFile),
+    file_reader("msgpack", "a Flax .msgpack file", MsgpackFile),
 )

@@ -35,7 +35,7 @@ from jaxshare.core.dtype import itemsize, numpy_dtype
 from jaxshare.core.manifest import Manifest, TensorHash
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.progress import ProgressFn
-from jaxshare.core.report import ArrayInfo, TieReport
+from jaxshare.core.report import METADATA, ArrayInfo, TieReport
 from jaxshare.core.strict_json import loads, reading
 from jaxshare.io.atomic import OutputKind, atomic_output
 from jaxshare.io.mapped import FileRange, map_file
@@ -298,7 +298,7 @@ def alias_map_in(header: SafetensorsHeader) -> AliasMap:
         with reading(f"{header.path}: metadata {NAMING_KEY!r} is invalid"):
             amap = amap.with_naming(NamingRecord.from_json(naming))
     problems = []
-    unheld = [RecordedTie(a, c, "metadata") for a, c in amap.items() if c not in header.tensors]
+    unheld = [RecordedTie(a, c, METADATA) for a, c in amap.items() if c not in header.tensors]
     for alias, canonical in amap.items():
         entry = header.tensors.get(canonical)
         if entry is None:
@@ -335,7 +335,11 @@ def save_model_ties(
     file does not store (its tensor is the kept one's, to a canonical of ``amap``,
     the file's alias map), and the entries that cannot be applied -- a dropped name
     the file stores in its own right -- for ``check`` to hold against the values.
-    A key whose value names no stored tensor is other metadata, not a record.
+
+    The metadata does not say which entries are records, so this is a reading of
+    it: an entry is one where its value names a stored tensor and its key could be
+    a PyTorch name (not empty, no ``'/'``, no empty part between dots, no spaces).
+    Any other entry is other metadata, and never makes the file unreadable.
 
     >>> from safetensors.numpy import save_file
     >>> import tempfile
@@ -350,11 +354,24 @@ def save_model_ties(
     for key, value in header.metadata.items():
         if key in _RESERVED or key == value or value not in header.tensors or key in amap:
             continue
+        if not _torch_name(key):
+            continue
         if key in header.tensors:
             recorded.append(RecordedTie(key, value, SAVE_MODEL))
         else:
-            applied[key] = amap.get(value, value)
+            applied[key] = value
     return applied, recorded
+
+
+def _torch_name(key: str) -> bool:
+    """Whether ``key`` could name a tensor of a PyTorch state dict."""
+    return (
+        bool(key)
+        and "/" not in key
+        and key.isprintable()
+        and " " not in key
+        and all(key.split("."))
+    )
 
 
 def manifest_in(header: SafetensorsHeader) -> Manifest | None:
@@ -423,14 +440,9 @@ class SafetensorsFile(TensorSource):
         amap = alias_map_in(self.header)
         dropped, unapplied = save_model_ties(self.header, amap)
         self.unapplied_ties = tuple(unapplied)
-        self.origins = {**dict.fromkeys(amap, "metadata"), **dict.fromkeys(dropped, SAVE_MODEL)}
-        transforms = {**amap.transforms}
-        for alias in dropped:  # (A kept name that is itself an alias: its transform.)
-            kept = self.header.metadata[alias]
-            if kept in amap and (perm := amap.transform(kept)) is not None:
-                transforms[alias] = perm
-        ties = {**dict(amap.items()), **dropped}
-        self.ties = AliasMap(ties, transforms=transforms, naming=amap.naming)
+        self.origins = {**dict.fromkeys(amap, METADATA), **dict.fromkeys(dropped, SAVE_MODEL)}
+        # (A kept name that is itself an alias: the map collapses the chain.)
+        self.ties = AliasMap({**amap, **dropped}, transforms=amap.transforms, naming=amap.naming)
         self.parts = (file_part(self.path, len(self.infos)),)
         mapped = map_file(self.path)
         self._map = mapped if mapped.size else None

@@ -1,27 +1,37 @@
-"""A weights file opened by its kind: the one dispatch from a file to its reader.
+"""Weights files by suffix: the one table of which class reads which file.
 
 ``.safetensors`` files are read by :class:`~jaxshare.formats.SafetensorsFile`,
 ``.pt``/``.bin``/``.pth`` files by :class:`~jaxshare.formats.TorchFile`, Flax
 ``.msgpack`` files by :class:`~jaxshare.formats.MsgpackFile`; each maps the file
-and hands out numpy views, with numpy only. A Hugging Face
-directory opens each of its shards this way; ``bridge.open_source`` opens a
-single file this way, once it has refused a file that is one shard of several.
+and hands out numpy views, with numpy only. The formats' registry
+(``jaxshare.formats.registry``) makes its file readers from this table, and a
+Hugging Face directory opens each of its shards by it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from jaxshare.formats.msgpack import MsgpackFile
 from jaxshare.formats.pytorch import TORCH_SUFFIXES, TorchFile
 from jaxshare.formats.safetensors import SafetensorsFile
 from jaxshare.io.source import TensorSource
 
-__all__ = ["WEIGHT_SUFFIXES", "open_weights_file"]
+__all__ = ["WEIGHT_FILES", "WEIGHT_SUFFIXES", "open_weights_file"]
 
+#: Each weights file jaxshare reads, by suffix: the class that reads it.
+WEIGHT_FILES: Mapping[str, Callable[[Path], TensorSource]] = MappingProxyType(
+    {
+        ".safetensors": SafetensorsFile,
+        **dict.fromkeys(TORCH_SUFFIXES, TorchFile),
+        ".msgpack": MsgpackFile,
+    }
+)
 #: Suffixes of every weights file jaxshare reads.
-WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES, ".msgpack")
+WEIGHT_SUFFIXES = tuple(WEIGHT_FILES)
 
 
 def open_weights_file(path: str | os.PathLike, /) -> TensorSource:
@@ -41,10 +51,8 @@ def open_weights_file(path: str | os.PathLike, /) -> TensorSource:
     ('safetensors', ['w'])
     """
     path = Path(path)
-    if path.suffix == ".safetensors":
-        return SafetensorsFile(path)
-    if path.suffix in TORCH_SUFFIXES:
-        return TorchFile(path)
-    if path.suffix == ".msgpack":
-        return MsgpackFile(path)
-    raise ValueError(f"{path}: not a weights file: expected one of {', '.join(WEIGHT_SUFFIXES)}.")
+    if path.suffix not in WEIGHT_FILES:
+        raise ValueError(
+            f"{path}: not a weights file: expected one of {', '.join(WEIGHT_SUFFIXES)}."
+        )
+    return WEIGHT_FILES[path.suffix](path)

@@ -44,6 +44,7 @@ __all__ = [
     "file_extent",
     "map_file",
     "read_direct",
+    "resident",
     "scattered_reads",
     "write_array",
 ]
@@ -245,7 +246,7 @@ def read_direct(view: np.ndarray) -> np.ndarray:
     if view.nbytes < DIRECT_BYTES or not hasattr(os, "O_DIRECT"):
         return view
     found = _mapped_at(view)
-    if found is None or _resident(view):
+    if found is None or resident(view):
         return view
     f, offset = found
     start = offset - offset % _ALIGN
@@ -294,7 +295,7 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def _resident(view: np.ndarray) -> bool:
+def resident(view: np.ndarray) -> bool:
     """Whether at least half of ``view``'s pages are in the page cache (``mincore``;
     ``True`` where it cannot say)."""
     libc = _libc()

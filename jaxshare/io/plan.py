@@ -2,7 +2,7 @@
 
 A conversion first reads only names, shapes and dtypes (safetensors headers, an
 index, ``config.json``, an Orbax item's metadata, DeepSpeed's ``param_shapes``)
-and decides each output's name, layout and dtype, and the ties of the output:
+and decides each output's name, axis order and dtype, and the ties of the output:
 the plan. Then writers (an Orbax item, a safetensors file, a Hugging Face
 directory) ask it for one output array at a time, read from the source with
 :meth:`Plan.array`, so memory holds about two tensors (one read while the one
@@ -52,7 +52,7 @@ class PlanEntry:
     Attributes:
       name: its name in the output.
       source: the name of the tensor it is read from.
-      perm: the axis permutation from the source's layout to the output's.
+      perm: the axis permutation from the source's axis order to the output's.
       info: its shape and dtype in the output.
     """
 
@@ -81,7 +81,7 @@ class Plan:
 
     @classmethod
     def identity(cls, source: TensorSource) -> Plan:
-        """The plan that keeps every name and layout of ``source``; an alias the
+        """The plan that keeps every name and axis order of ``source``; an alias the
         source also stores (written out) is an alias again, stored once."""
         entries = tuple(
             PlanEntry(name, name, None, info)

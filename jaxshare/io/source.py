@@ -26,7 +26,7 @@ import numpy as np
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.manifest import Manifest
 from jaxshare.core.perm import Perm
-from jaxshare.core.report import ArrayInfo, TieReport
+from jaxshare.core.report import ALIAS_MAP, ArrayInfo, TieReport
 from jaxshare.io.mapped import FileRange
 
 __all__ = ["Index", "RecordedTie", "RetiedSource", "TensorSource", "UnheldTies", "file_part"]
@@ -206,7 +206,7 @@ class TensorSource(abc.ABC):
         """Every tie the input records, as it records it: those the source applies
         (:attr:`ties`, with their :attr:`origins`), then :attr:`unapplied_ties`."""
         applied = tuple(
-            RecordedTie(a, c, self.origins.get(a, "alias map"), self.ties.transform(a))
+            RecordedTie(a, c, self.origins.get(a, ALIAS_MAP), self.ties.transform(a))
             for a, c in self.ties.items()
         )
         return applied + tuple(self.unapplied_ties)
@@ -268,6 +268,9 @@ class RetiedSource(TensorSource):
         written out).
       origins: where the new ties come from, by alias (the source's own kept).
       assets: more files that travel with the tensors, by name.
+      config: the model's config now, where one is given for an input that
+        declares none (a DCP folder converted with ``--config``); the source's
+        own otherwise.
     """
 
     def __init__(
@@ -276,11 +279,13 @@ class RetiedSource(TensorSource):
         ties: AliasMap,
         origins: Mapping[str, str] | None = None,
         assets: Mapping[str, Path] | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self._source = source
         self.path, self.kind, self.infos = source.path, source.kind, source.infos
         self.ties, self.origins = ties, {**source.origins, **(origins or {})}
-        self.layers, self.config, self.buffers = source.layers, source.config, source.buffers
+        self.layers, self.buffers = source.layers, source.buffers
+        self.config = source.config if config is None else config
         self.parts, self.other_files, self.notes = source.parts, source.other_files, source.notes
         self.assets = {**source.assets, **(assets or {})}
         self.mapped, self.unapplied_ties, self.live = (
@@ -292,6 +297,10 @@ class RetiedSource(TensorSource):
     @property
     def where(self) -> str:
         return self._source.where
+
+    @property
+    def flax_named(self) -> bool:
+        return self._source.flax_named
 
     @property
     def written_out(self) -> frozenset[str]:

@@ -7,7 +7,7 @@ where PyTorch has a tensor per layer: ``model.layers.0.mlp.down_proj.weight``,
 with :data:`LAYER` in place of the layer index, ``model.layers.{i}.mlp.down_proj.weight``,
 and its tensor is the layers stacked on axis 0 (``(L, *shape)``); a conversion
 moves that axis where the Flax model keeps it, as an ordinary axis permutation
-(:func:`lift`), so every layout rule, tie and naming record applies to a stack
+(:func:`lift`), so every rule, tie and naming record applies to a stack
 as to any tensor. A naming record whose PyTorch name is a template is a stack.
 
 Two sources do the work, both reading one layer at a time:
@@ -120,7 +120,7 @@ class _Layered(TensorSource):
         self._source = source
         self.path, self.kind = source.path, source.kind
         self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config = source.config
+        self.config, self.live = source.config, source.live
 
     @property
     def where(self) -> str:

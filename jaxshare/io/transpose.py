@@ -1,6 +1,6 @@
-"""Transposing copies: an array made C-ordered in a permuted layout, fast.
+"""Transposing copies: an array made C-ordered in a permuted axis order, fast.
 
-A conversion between PyTorch and Flax layouts transposes every Linear weight; a
+A conversion between PyTorch's and Flax's axis orders transposes every Linear weight; a
 plain ``np.ascontiguousarray(x.T)`` strides through memory at about 1.4 GB/s a
 core here. :func:`contiguous_transpose` moves cache-sized tiles instead, on a few
 threads for a large array, into pooled memory (:mod:`jaxshare.io.buffers`).

@@ -24,7 +24,9 @@ from safetensors.numpy import save_file
 
 import bridge
 from bridge import CheckReport, Finding
+from jaxshare import AliasMap
 from jaxshare.cli import main
+from jaxshare.formats import ALIAS_MAP_KEY
 
 transformers = pytest.importorskip("transformers")
 
@@ -303,6 +305,22 @@ def test_config_names_ties_of_a_file_without_its_own(tmp_path):
     assert bridge.check(tmp_path / "m.safetensors").findings == ()  # No declaration: no tie.
     report = bridge.check(tmp_path / "m.safetensors", config=tmp_path / "hf/config.json")
     assert report.kinds == ["alias-differs"]
+
+
+@pytest.mark.parametrize("where", ["file", "directory"])
+def test_a_tie_to_a_tensor_not_stored_is_reported_on_the_input_given(where, tmp_path):
+    """The record names a canonical no shard stores: no reader can apply it, and the
+    report names the input as given -- the directory, not its shard."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    metadata = {ALIAS_MAP_KEY: AliasMap({"lm_head.weight": "gone.weight"}).to_json()}
+    save_file({"w": np.ones(2, np.float32)}, folder / "model.safetensors", metadata=metadata)
+    path = folder / "model.safetensors" if where == "file" else folder
+    report = bridge.check(path)
+    assert (report.source, report.kind) == (
+        (str(path), "safetensors") if where == "file" else (str(folder), "hf")
+    )
+    assert report.kinds == ["canonical-missing"] and not report.ok
 
 
 def test_report_objects():

@@ -339,7 +339,7 @@ def test_a_flax_tie_whose_layouts_do_not_cancel_is_a_permuted_view():
         back["head.weight"].untyped_storage().data_ptr()
         == back["wte.weight"].untyped_storage().data_ptr()
     )
-    with pytest.raises(ValueError, match="differ in layout, so PyTorch cannot tie them"):
+    with pytest.raises(ValueError, match="differ in axis order, so PyTorch cannot tie them"):
         torch_alias_map(aliases, variables)
 
 

@@ -233,6 +233,18 @@ def test_a_config_that_declares_no_tie_is_kept_among_the_items_assets(tied, tmp_
     assert "config.json" in checkpoint.open_source(item).assets
 
 
+def test_a_dcp_folder_with_config_becomes_a_hugging_face_directory_tied(tied, tmp_path):
+    """``--config`` both declares the DCP folder's ties and is the output's config."""
+    hf = tmp_path / "hf"
+    assert convert(tied.dcp, hf, "--format", "hf", "--config", tied.config) == (0, "")
+    assert json.loads((hf / "config.json").read_text()) == json.loads(tied.config.read_text())
+    assert HEAD not in load_file(hf / "model.safetensors")  # (The tie stored once.)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, tied.model(IDS).logits, atol=1e-5, rtol=0)
+
+
 # -- 3. jaxshare's DCP folder, read by stock dcp.load ----------------------------------
 
 

@@ -44,6 +44,21 @@ def test_safetensors_round_trip_re_ties(tmp_path, assert_same_state):
     assert loaded["lm_head.weight"] is loaded["wte.weight"] is loaded["again.weight"]
 
 
+def test_a_file_save_model_wrote_loads_tied_and_strictly(tmp_path):
+    """``safetensors.torch.save_model`` drops the duplicate and records it in the
+    metadata: ``load_safetensors`` gives it back as the kept tensor itself."""
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_model(model, path)
+    assert len(safetensors.torch.load_file(path)) == 1
+    loaded = load_safetensors(path)
+    assert loaded["0.weight"] is loaded["1.weight"]
+    fresh = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    fresh.load_state_dict(loaded, strict=True)
+    assert torch.equal(fresh[1].weight, model[0].weight)
+
+
 def test_each_storage_is_written_once_and_plain_safetensors_reads_the_file(tmp_path):
     state = tied_state()
     path = tmp_path / "m.safetensors"

@@ -1,4 +1,7 @@
-"""Naming and layout rules: each PyTorch layer's tensors land where Flax expects them."""
+"""Naming and axis rules: each PyTorch layer's tensors land where Flax expects them."""
+
+import dataclasses
+import warnings
 
 import jax
 import numpy as np
@@ -298,6 +301,11 @@ def test_bad_rules_are_refused(make, error, match):
 
 
 def test_the_old_name_of_a_rules_axes_still_works_and_says_so():
-    with pytest.warns(DeprecationWarning, match=r"`Rule\(layout=...\)` is now `Rule\(axes=...\)`"):
+    with pytest.warns(DeprecationWarning, match=r"`Rule.layout` is now `Rule.axes`"):
         rule = Rule("weight", "kernel", layout="kernel")
     assert rule == Rule("weight", "kernel", axes="kernel") and rule.perm(2) == (1, 0)
+    with pytest.warns(DeprecationWarning, match=r"`Rule.layout` is now `Rule.axes`"):
+        assert rule.layout == "kernel"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (A copy passes no old name along.)
+        assert dataclasses.replace(rule, flax="w") == Rule("weight", "w", axes="kernel")

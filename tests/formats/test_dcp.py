@@ -620,13 +620,15 @@ def test_a_cold_records_archive_is_read_page_by_page(tmp_path, drop_cache, cache
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(tmp_path, drop_cache, cached_mib):
+def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(
+    tmp_path, drop_cache, cached_mib, resident
+):
     """A conversion reads each large tensor of a cold folder past the page cache;
     its record's headers and directory, which finding the values reads page by
     page, are read ahead into the cache, and nothing of the values is."""
     import torch.distributed.checkpoint as dcp
 
-    from jaxshare.io.mapped import _resident, file_extent, map_file
+    from jaxshare.io.mapped import file_extent, map_file
     from jaxshare.io.plan import Plan
 
     state = {
@@ -658,7 +660,7 @@ def test_a_cold_folders_records_are_read_ahead_at_their_ends_only(tmp_path, drop
             assert sum(size for *_, size in read) <= 2 * (length - n)
             for _, offset, size in read:  # (Asked for: read by the disk in a moment.)
                 deadline = time.monotonic() + 10
-                while not _resident(whole[offset : offset + size]):
+                while not resident(whole[offset : offset + size]):
                     assert time.monotonic() < deadline, (entry, offset, size)
                     time.sleep(0.01)
         assert not any(cached_mib(data)[1:-1])  # (The values, read past the cache.)

@@ -36,7 +36,7 @@ from jaxshare.formats import (
 )
 from jaxshare.formats.msgpack import DTYPES, MAX_DEPTH, MAX_RECORDS_BYTES, read_msgpack
 from jaxshare.internal import check_not_a_shard, is_hf_directory
-from jaxshare.io.mapped import _file_range, copy_view
+from jaxshare.io.mapped import copy_view, file_extent
 
 DTYPE_NAMES = sorted(DTYPES)
 PREFIX = "not a Flax msgpack file jaxshare can read: "
@@ -101,9 +101,9 @@ def _check_against_flax(path: Path, tree) -> None:
 
 def _assert_a_view_of(view: np.ndarray, path: Path, want: bytes) -> None:
     """``view`` lies in a map of the file ``path`` (not a copy), over the bytes ``want``."""
-    fd, offset = _file_range(view)
-    assert os.path.samestat(os.fstat(fd), os.stat(path))
-    assert path.read_bytes()[offset : offset + view.nbytes] == want
+    mapped, offset, length = file_extent(view)
+    assert os.path.samefile(mapped, path) and length == view.nbytes
+    assert path.read_bytes()[offset : offset + length] == want
 
 
 # -- what flax writes reads back ---------------------------------------------------------

@@ -7,11 +7,14 @@ import json
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from jaxshare import AliasMap
@@ -145,6 +148,39 @@ def test_ties_that_do_not_fit_the_file_are_refused(tmp_path, ties, match):
         alias_map_in(read_header(path))
     with pytest.raises(ValueError, match=match):
         alias_map_in(read_header(path))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "ties"),
+    [
+        ({"lm_head.weight": "wte"}, {"lm_head.weight": "wte"}),  # save_model's record
+        ({"format": "pt", "note": "a text"}, {}),  # names no stored tensor
+        ({"a/b": "wte"}, {}),  # no PyTorch name: a '/'
+        ({"": "wte"}, {}),  # nor empty
+        ({"w.": "wte"}, {}),  # nor an empty part
+        ({"a b": "wte"}, {}),  # nor spaces
+        ({"x": "wte", "y": "x"}, {"x": "wte"}),  # 'x' is stored by no name: not 'y''s
+    ],
+    ids=["record", "text", "slash", "empty", "empty-part", "space", "chain"],
+)
+def test_only_metadata_that_can_be_a_save_model_record_is_a_tie(tmp_path, metadata, ties):
+    path = tmp_path / "w.safetensors"
+    _write(path, {"wte": TENSORS["wte"]}, metadata)
+    with SafetensorsFile(path) as file:  # (Opens, whatever the metadata says.)
+        assert dict(file.ties) == ties
+        assert file.origins == dict.fromkeys(ties, "save_model metadata")
+        assert file.infos.keys() == {"wte"}
+
+
+@given(st.dictionaries(st.text(max_size=8), st.sampled_from(["wte", "x", "", "wte/0"])))
+@settings(max_examples=60, deadline=None)
+def test_no_metadata_makes_a_file_unreadable(metadata):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "w.safetensors"
+        _write(path, {"wte": TENSORS["wte"]}, metadata)
+        with SafetensorsFile(path) as file:
+            assert all(c == "wte" for c in dict(file.ties).values())
+            assert file.array("wte").tobytes() == TENSORS["wte"].tobytes()
 
 
 def test_metadata_that_is_no_alias_map_is_refused(tmp_path):

@@ -20,11 +20,11 @@ from jaxshare.io.buffers import pooled
 from jaxshare.io.mapped import (
     _MAPS,
     DIRECT_BYTES,
-    _resident,
     copy_view,
     file_extent,
     map_file,
     read_direct,
+    resident,
     scattered_reads,
 )
 from jaxshare.stream import Plan
@@ -229,7 +229,7 @@ def test_a_view_the_page_cache_lacks_is_read_past_it(big, start, stop, dtype):
         values = read_direct(view)
         assert values is not view and file_extent(values) is None  # The process's own.
         assert values.dtype == view.dtype and values.shape == view.shape
-        assert not _resident(view)  # The page cache was left as it was.
+        assert not resident(view)  # The page cache was left as it was.
         assert values.tobytes() == big.read_bytes()[start:stop]
 
 

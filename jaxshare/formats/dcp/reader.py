@@ -38,7 +38,7 @@ import numpy as np
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import itemsize, numpy_dtype
 from jaxshare.core.naming import NamingRecord
-from jaxshare.core.report import format_bytes
+from jaxshare.core.report import ALIAS_MAP, STORAGE, format_bytes
 from jaxshare.core.strict_json import reading
 from jaxshare.formats.dcp.metadata import (
     MAX_METADATA_BYTES,
@@ -226,7 +226,7 @@ class DCPFolder(TensorSource):
             )
         except ValueError as e:
             raise ValueError(f"{self.folder / ALIAS_MAP_FILE}: {e}") from None
-        self.origins = {a: "alias map" if a in recorded else "storage" for a in aliases}
+        self.origins = {a: ALIAS_MAP if a in recorded else STORAGE for a in aliases}
         self._written_out = frozenset(a for a in recorded if a in self.infos and a not in shared)
         self.parts = self._part_lines()
         self.other_files = tuple(
@@ -640,7 +640,7 @@ class DCPFolder(TensorSource):
 
     @property
     def written_out(self) -> frozenset[str]:
-        """Aliases stored as tensors of their own (a tie across a layout change);
+        """Aliases stored as tensors of their own (a tie across an axis-order change);
         the others share their canonical's records."""
         return self._written_out
 

@@ -239,7 +239,7 @@ def write_dcp(
     order, 64-byte aligned). Each alias of ``plan.alias_map`` is a second FQN
     whose storage info names its canonical's bytes (same file, offset and
     length), so ``dcp.load`` fills both names and the tie costs no bytes; an
-    alias with a transform (a tie across a layout change) cannot share bytes,
+    alias with a transform (a tie across an axis-order change) cannot share bytes,
     and is written out as a record of its own, its canonical permuted, right
     after it (the alias map file still records it, so a reader that knows ties
     reports it as written out). Beside the data: :data:`METADATA_FILE`, and

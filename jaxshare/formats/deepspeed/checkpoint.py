@@ -48,7 +48,7 @@ import numpy as np
 from jaxshare.core.alias import AliasMap
 from jaxshare.core.dtype import is_floating
 from jaxshare.core.memory import array_key, memory_ties
-from jaxshare.core.report import ArrayInfo, format_bytes
+from jaxshare.core.report import SHARED_PARAMS, STORAGE, ArrayInfo, format_bytes
 from jaxshare.formats.deepspeed.files import (
     MODEL_STATES,
     OPTIM_STATES,
@@ -480,7 +480,7 @@ class DeepSpeedCheckpoint(TensorSource):
             if c in self.placements and a not in self.placements
         }
         self.origins: dict[str, str] = dict.fromkeys(
-            aliases, "storage" if self.stage == 0 else "shared_params"
+            aliases, STORAGE if self.stage == 0 else SHARED_PARAMS
         )
         if self.stage in (1, 2):
             self._recover(aliases)
@@ -490,7 +490,7 @@ class DeepSpeedCheckpoint(TensorSource):
             raise ValueError(f"{self._first_file}: invalid `shared_params`: {e}") from None
         # What DeepSpeed records and the weights do not take: for `check` to hold.
         self.unapplied_ties = tuple(
-            RecordedTie(a, c, "shared_params")
+            RecordedTie(a, c, SHARED_PARAMS)
             for a, c in self._shared.items()
             if isinstance(a, str) and isinstance(c, str) and a not in self.ties
         )
@@ -525,7 +525,7 @@ class DeepSpeedCheckpoint(TensorSource):
             canonical = ties.get(name)
             if canonical is not None:  # earlier in the module, so already placed
                 aliases[name] = aliases.get(canonical, canonical)
-                self.origins[name] = "storage"
+                self.origins[name] = STORAGE
             else:
                 self._add(name, Placement("module", t.size), tuple(t.shape), t.dtype)
             self.recovered += (name,)
