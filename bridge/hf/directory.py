@@ -34,12 +34,9 @@ from bridge.layouts.rules import Rules, as_rules
 from jaxshare import AliasMap
 from jaxshare.formats import (
     CONFIG_FILE,
-    INDEX_SUFFIX,
     MANIFEST_KEY,
     HFWeights,
-    Reader,
     hf_weights,
-    is_hf_input,
     open_weights_file,
     read_index,
 )
@@ -55,7 +52,7 @@ from jaxshare.internal import (
 )
 from jaxshare.stream import ArrayInfo, TensorSource
 
-__all__ = ["READER", "HFDirectory"]
+__all__ = ["HFDirectory"]
 
 
 class HFDirectory(TensorSource):
@@ -296,18 +293,3 @@ def _check_index(index: Path, files: tuple[Path, ...], owner: Mapping[str, int])
             f"{files[owner[unlisted[0]]]}: holds {unlisted[:3]}, which {index.name} does not "
             "list; the index does not fit its shards."
         )
-
-
-def _open(path: Path, *, rules: Rules | None = None) -> HFDirectory:
-    return HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
-
-
-#: The reader of Hugging Face directories (given as the directory, its index or its
-#: ``config.json``), the last one ``bridge.open_source`` tries.
-READER = Reader(
-    "hf",
-    f"a Hugging Face directory (or its *{INDEX_SUFFIX})",
-    is_hf_input,
-    _open,
-    options=("rules",),
-)

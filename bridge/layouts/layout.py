@@ -29,13 +29,15 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
 from jaxshare.internal import split
-from jaxshare.stream import TensorSource
+
+if TYPE_CHECKING:  # (The command's --help lists the layouts: no source is read then.)
+    from jaxshare.stream import TensorSource
 
 __all__ = [
     "JAXSHARE",

@@ -30,10 +30,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bridge.hf.directory import READER as HF_READER
+from bridge.hf.reader import READER as HF_READER
 from bridge.layouts.rules import Rules, as_rules
 from jaxshare import checkpoint, formats
-from jaxshare.formats import Reader, TrainingState
+from jaxshare.formats import Reader
 from jaxshare.internal import UsageError
 from jaxshare.stream import TensorSource
 
@@ -49,6 +49,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     import torch
+
+    from jaxshare.formats import TrainingState
 
     #: What :func:`open_source` takes (for the type checker; torch types stay behind it).
     Source = torch.nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike | TensorSource
@@ -170,6 +172,7 @@ def open_training(source: Any, rules: Rules | None = None) -> TrainingState:
     """
     if isinstance(source, tuple) and len(source) == 2:
         from bridge.torch.optimizer import training_in_memory  # (torch objects)
+        from jaxshare.formats import TrainingState
 
         return TrainingState(*training_in_memory(*source, as_rules(rules)))
     if not isinstance(source, (str, os.PathLike)):

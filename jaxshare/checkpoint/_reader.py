@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxshare.formats import Reader, is_checkpoint, is_dcp_folder
-from jaxshare.io.source import TensorSource
+from jaxshare.formats import Reader, is_checkpoint, is_dcp_folder, later
 
 __all__ = ["READER"]
 
@@ -21,11 +20,10 @@ def _accepts(path: Path) -> bool:
     return is_checkpoint(path) and not is_dcp_folder(path)
 
 
-def _open(path: Path) -> TensorSource:
-    from jaxshare.checkpoint._source import open_source  # (TensorStore: only to read it.)
-
-    return open_source(path)
-
-
 #: The reader of Orbax items (a jaxshare item, or a plain Orbax PyTree checkpoint).
-READER = Reader("orbax", "an Orbax checkpoint", _accepts, _open)
+READER = Reader(
+    "orbax",
+    "an Orbax checkpoint",
+    _accepts,
+    later("jaxshare.checkpoint._source", "open_source"),  # (TensorStore: only to read it.)
+)

@@ -20,7 +20,7 @@ from jaxshare._lazy import exports as _exports
 if _typing.TYPE_CHECKING:
     from jaxshare.formats.dcp.metadata import read_dcp_metadata as read_dcp_metadata
     from jaxshare.formats.dcp.reader import DCPFolder as DCPFolder
-    from jaxshare.formats.dcp.reader import is_dcp_folder as is_dcp_folder
+    from jaxshare.formats.dcp.files import is_dcp_folder as is_dcp_folder
     from jaxshare.formats.dcp.training import is_dcp_training_folder as is_dcp_training_folder
     from jaxshare.formats.dcp.training import read_dcp_training as read_dcp_training
     from jaxshare.formats.dcp.writer import write_dcp as write_dcp
@@ -89,6 +89,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.weights import open_weights_file as open_weights_file
     from jaxshare.formats.registry import READERS as READERS
     from jaxshare.formats.reader import Reader as Reader
+    from jaxshare.formats.reader import later as later
     from jaxshare.formats.optim import TrainingState as TrainingState
     from jaxshare.formats.hf.files import is_hf_input as is_hf_input
     from jaxshare.formats.safetensors import save_model_ties as save_model_ties
@@ -96,10 +97,11 @@ if _typing.TYPE_CHECKING:
 __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
-        "jaxshare.formats.reader": ["Reader"],
+        "jaxshare.formats.reader": ["Reader", "later"],
         "jaxshare.formats.registry": ["READERS"],
         "jaxshare.formats.dcp.metadata": ["read_dcp_metadata"],
-        "jaxshare.formats.dcp.reader": ["DCPFolder", "is_dcp_folder"],
+        "jaxshare.formats.dcp.files": ["is_dcp_folder"],
+        "jaxshare.formats.dcp.reader": ["DCPFolder"],
         "jaxshare.formats.dcp.training": ["is_dcp_training_folder", "read_dcp_training"],
         "jaxshare.formats.dcp.writer": ["write_dcp"],
         "jaxshare.formats.deepspeed.checkpoint": ["DeepSpeedCheckpoint"],

@@ -21,15 +21,34 @@ the Hugging Face directory's after them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxshare.formats.optim import TrainingState
 from jaxshare.io.source import TensorSource
 
-__all__ = ["Reader"]
+if TYPE_CHECKING:
+    from jaxshare.formats.optim import TrainingState
+
+__all__ = ["Reader", "later"]
+
+
+def later(module: str, name: str) -> Callable[..., Any]:
+    """The callable ``module.name``, imported on its first call: a row of a readers'
+    table names how to open its kind without importing the reading code, which a
+    path of another kind never needs.
+
+    >>> later("math", "sqrt")(9.0)
+    3.0
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = f"{module}.{name}"
+    return call
 
 
 @dataclass(frozen=True)

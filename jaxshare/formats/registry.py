@@ -1,33 +1,38 @@
 """The formats' readers, in the order a path is tried: the one table of them.
 
 Each row is a :class:`~jaxshare.formats.Reader` built from what its format's module
-defines (the test of a path, the source class, the training state where the
-format holds one). ``bridge.open_source`` walks this table, with the Orbax
-item's reader (:data:`jaxshare.checkpoint.READER`) before it and the Hugging Face
-directory's after it; the one error for a path no reader accepts lists what each
-reader's ``what`` says. A new format is its module and one row here (a weights
-file: and its suffix in :data:`~jaxshare.formats.weights.WEIGHT_FILES`; see
-``docs/architecture.md``, "Adding a reader").
+defines: the test of a path, imported with the table and cheap (file names only);
+the source class and the training state where the format holds one, imported
+only when a path of the kind is opened (:func:`~jaxshare.formats.reader.later`),
+so asking what a path is costs no reader's code. ``bridge.open_source`` walks this
+table, with the Orbax item's reader (:data:`jaxshare.checkpoint.READER`) before it
+and the Hugging Face directory's after it; the one error for a path no reader
+accepts lists what each reader's ``what`` says. A new format is its module and one
+row here (a weights file: and its suffix in
+:data:`~jaxshare.formats.weights.WEIGHT_FILES`; see ``docs/architecture.md``,
+"Adding a reader").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder
-from jaxshare.formats.dcp.training import is_dcp_training_folder, read_dcp_training
-from jaxshare.formats.deepspeed.checkpoint import DeepSpeedCheckpoint
+from jaxshare.formats.dcp.files import is_dcp_folder
 from jaxshare.formats.deepspeed.files import is_deepspeed_folder
-from jaxshare.formats.deepspeed.training import is_deepspeed_training, read_deepspeed_training
 from jaxshare.formats.hf.files import check_not_a_shard
 from jaxshare.formats.msgpack import MsgpackFile
-from jaxshare.formats.optim import TrainingState, is_torch_training_file, read_torch_training
 from jaxshare.formats.pytorch import TORCH_SUFFIXES, TorchFile
-from jaxshare.formats.reader import Reader
+from jaxshare.formats.reader import Reader, later
 from jaxshare.formats.safetensors import SafetensorsFile
 from jaxshare.formats.weights import WEIGHT_FILES
 from jaxshare.io.source import TensorSource
+
+if TYPE_CHECKING:
+    from jaxshare.formats.optim import TrainingState
+
+_DCP, _DEEPSPEED = "jaxshare.formats.dcp", "jaxshare.formats.deepspeed"
 
 __all__ = ["READERS", "file_reader"]
 
@@ -75,26 +80,26 @@ READERS: tuple[Reader, ...] = (
         "dcp",
         "a PyTorch DCP directory",
         is_dcp_folder,
-        DCPFolder,
+        later(f"{_DCP}.reader", "DCPFolder"),
         ties_from_config=True,
-        holds_training=is_dcp_training_folder,
-        open_training=read_dcp_training,
+        holds_training=later(f"{_DCP}.training", "is_dcp_training_folder"),
+        open_training=later(f"{_DCP}.training", "read_dcp_training"),
     ),
     Reader(
         "deepspeed",
         "a DeepSpeed directory",
         is_deepspeed_folder,
-        DeepSpeedCheckpoint,
-        holds_training=is_deepspeed_training,
-        open_training=read_deepspeed_training,
+        later(f"{_DEEPSPEED}.checkpoint", "DeepSpeedCheckpoint"),
+        holds_training=later(f"{_DEEPSPEED}.training", "is_deepspeed_training"),
+        open_training=later(f"{_DEEPSPEED}.training", "read_deepspeed_training"),
     ),
     file_reader("safetensors", "a .safetensors file", SafetensorsFile),
     file_reader(
         "torch",
         f"a PyTorch file ({', '.join(TORCH_SUFFIXES)})",
         TorchFile,
-        holds_training=is_torch_training_file,
-        open_training=read_torch_training,
+        holds_training=later("jaxshare.formats.optim", "is_torch_training_file"),
+        open_training=later("jaxshare.formats.optim", "read_torch_training"),
     ),
     file_reader("msgpack", "a Flax .msgpack file", MsgpackFile),
 )

@@ -16,6 +16,8 @@ same readers.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -238,3 +240,21 @@ def test_a_path_that_holds_no_training_state_is_refused_in_one_line(tmp_path):
         f"{path}: expected a training checkpoint -- {', '.join(training[:-1])} or "
         f"{training[-1]} holding a model's and an optimizer's state -- found a .safetensors file."
     )
+
+
+@pytest.mark.subprocess
+def test_asking_what_a_path_is_imports_no_readers_code(tmp_path):
+    """The table's tests are file names alone; each reader's code is imported when a
+    path of its kind is opened, so telling a ``.safetensors`` file costs no other's."""
+    path = _safetensors(tmp_path)[0]
+    code = (
+        "import sys\n"
+        "from bridge.sources.registry import find_reader, open_source\n"
+        f"assert find_reader({str(path)!r}).name == 'safetensors'\n"
+        f"open_source({str(path)!r}).close()\n"
+        "readers = ['jaxshare.formats.optim', 'jaxshare.formats.dcp.reader',\n"
+        "           'jaxshare.formats.deepspeed.checkpoint', 'jaxshare.checkpoint._source',\n"
+        "           'bridge.hf.directory']\n"
+        "assert not [m for m in readers if m in sys.modules], sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -42,8 +42,8 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from jaxshare import AliasMap
+from jaxshare.formats import DCPFolder, is_dcp_folder
 from jaxshare.formats.dcp.metadata import read_dcp_metadata
-from jaxshare.formats.dcp.reader import DCPFolder, is_dcp_folder
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dcp"
 FIXTURES = ["flat", "sharded"]

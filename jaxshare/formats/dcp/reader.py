@@ -40,6 +40,7 @@ from jaxshare.core.dtype import itemsize, numpy_dtype
 from jaxshare.core.naming import NamingRecord
 from jaxshare.core.report import ALIAS_MAP, STORAGE, format_bytes
 from jaxshare.core.strict_json import reading
+from jaxshare.formats.dcp.files import DISTCP_SUFFIX
 from jaxshare.formats.dcp.metadata import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -55,10 +56,7 @@ from jaxshare.formats.torch_save.zip import TorchZip
 from jaxshare.io.mapped import FileRange, map_file, scattered_reads
 from jaxshare.io.source import Index, TensorSource
 
-__all__ = ["AUTO", "DISTCP_SUFFIX", "TRAINING_STATE_KEYS", "DCPFolder", "is_dcp_folder"]
-
-#: The suffix of DCP's data files (``__{rank}_{i}.distcp``).
-DISTCP_SUFFIX = ".distcp"
+__all__ = ["AUTO", "TRAINING_STATE_KEYS", "DCPFolder"]
 #: What a record's file may be called: a name inside the folder (no separators, no
 #: control characters).
 _FILE_NAME = re.compile(r"[^/\\\x00-\x1f\x7f]+")
@@ -82,21 +80,6 @@ _MODEL = "model"
 
 
 # -- the folder ------------------------------------------------------------------------
-
-
-def is_dcp_folder(path: str | os.PathLike, /) -> bool:
-    """Whether ``path`` is a directory holding a DCP ``.metadata`` and ``.distcp`` files.
-
-    >>> import tempfile
-    >>> is_dcp_folder(tempfile.mkdtemp())
-    False
-    """
-    path = Path(path)
-    return (
-        path.is_dir()
-        and (path / METADATA_FILE).is_file()
-        and any(p.suffix == DISTCP_SUFFIX for p in path.iterdir())
-    )
 
 
 def _unpickle_record(data: np.ndarray) -> Any:

@@ -41,8 +41,8 @@ import numpy as np
 from jaxshare.core.perm import Perm, permute_shape
 from jaxshare.core.progress import ProgressFn
 from jaxshare.core.report import ArrayInfo
+from jaxshare.formats.dcp.files import DISTCP_SUFFIX
 from jaxshare.formats.dcp.metadata import METADATA_FILE, METADATA_MODULE
-from jaxshare.formats.dcp.reader import DISTCP_SUFFIX
 from jaxshare.formats.item_files import ALIAS_MAP_FILE, NAMING_FILE
 from jaxshare.formats.torch_save.emit import Global, NewObject, Reduce, torch_pickle
 from jaxshare.formats.torch_save.tables import DCP_DTYPES
