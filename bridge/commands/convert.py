@@ -237,7 +237,7 @@ def convert(
             chosen,
             names=names,
             dtype=dtype,
-            config=None if declares else config,
+            config=config,
             max_shard_size=max_shard_size,
             force=force,
             inputs=inputs,
