@@ -30,6 +30,10 @@ __all__ = ["consolidate", "consolidate_to_safetensors"]
 def consolidate(directory: str | os.PathLike, *, dtype: Any = None) -> dict[str, np.ndarray]:
     """Every path of the checkpoint at ``directory``, aliases included, as numpy arrays.
 
+    An implicit alias (one the model computes, :attr:`jaxshare.AliasMap.implicit`:
+    a transformers-flax GPT-2's ``lm_head/kernel``) is no path of the tree, and is
+    left out: the result has exactly the model's own paths.
+
     Arrays are read one by one, each straight into its result array, so peak
     memory is the result plus a few storage chunks.
     An alias is its canonical's very array (or a transposed view of it): copy
@@ -61,7 +65,7 @@ def consolidate(directory: str | os.PathLike, *, dtype: Any = None) -> dict[str,
     item = _open_arrays(directory)
     reader = LeafReader(item, dtype=cast)
     out = {path: reader.read(path) for path in item.stored}
-    amap = item.alias_map
+    amap = item.alias_map.explicit()
     for alias, canonical in amap.items():
         perm = amap.transform(alias)
         out[alias] = out[canonical] if perm is None else np.transpose(out[canonical], perm)
@@ -81,9 +85,11 @@ def consolidate_to_safetensors(
 
     Tensors are named by Flax ``'/'`` paths. Each alias is written as a tensor
     of its own (right after its canonical, from the same read, transposed where
-    it has a transform), so any safetensors reader gets the full flat dict; the alias
-    map is also in the file's metadata under ``"jaxshare.alias_map"`` (the JSON
-    of :meth:`jaxshare.AliasMap.to_json`). Each array is read whole (its
+    it has a transform), so any safetensors reader gets the full flat dict -- but an
+    implicit alias, which the model computes (as :func:`consolidate` leaves it
+    out); the alias map is also in the file's metadata under
+    ``"jaxshare.alias_map"`` (the JSON of :meth:`jaxshare.AliasMap.to_json`),
+    implicit aliases included. Each array is read whole (its
     storage chunks decoded in parallel) while the one before is written, so
     memory holds about two arrays, however large the model. The file appears
     only once complete.
@@ -114,8 +120,9 @@ def consolidate_to_safetensors(
     item = _open_arrays(directory)
     source = CheckpointSource(item, dtype=float_dtype(dtype))
     amap = item.alias_map
+    written = amap.explicit()  # (An implicit alias is no tensor of the tree.)
     entries = []
-    names = sorted([*item.stored, *amap])
+    names = sorted([*item.stored, *written])
     # Each canonical with its aliases in a row (at its first name's place): the
     # plan reads it once for all of them, the untransposed first (written as it is
     # read, while the rest is decoded).

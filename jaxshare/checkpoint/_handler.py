@@ -188,7 +188,10 @@ def _split(item: Any) -> tuple[Any, AliasMap]:
     if not found:
         return unique, alias_map
     return unique, AliasMap(
-        {**alias_map, **found}, transforms=alias_map.transforms, naming=alias_map.naming
+        {**alias_map, **found},
+        transforms=alias_map.transforms,
+        naming=alias_map.naming,
+        implicit=alias_map.implicit,
     )
 
 

@@ -49,14 +49,18 @@ def expand(tree: Any, /) -> tuple[Any, AliasMap]:
     aliases: dict[str, str] = {}
     transforms: dict[str, Any] = {}
     naming: dict[str, Any] = {}
+    implicit: set[str] = set()
+    computed: set[str] = set()  # (The naming records' implicit leaves.)
     for path, node in nodes:
         prefixed = node.alias_map.rename(_prefixer(render(path)))
         aliases.update(prefixed)
         transforms.update(prefixed.transforms)
+        implicit |= prefixed.implicit
         naming.update(prefixed.naming or {})
+        computed |= prefixed.naming.implicit if prefixed.naming else frozenset()
     full = edit_paths(tree, {render(p): Put(node.tree) for p, node in nodes})
-    record = NamingRecord(naming) if naming else None
-    return full, AliasMap(aliases, transforms=transforms, naming=record)
+    record = NamingRecord(naming, implicit=computed) if naming else None
+    return full, AliasMap(aliases, transforms=transforms, naming=record, implicit=implicit)
 
 
 def _prefixer(prefix: str) -> Callable[[str], str]:

@@ -3,7 +3,8 @@
 A ``target`` is checked against the stored alias map and shapes before any
 array is read. A full tree is deduped with the stored map, so Orbax reads each
 tie once, sharded as the canonical's target leaf asks; the aliases are then
-put back as that very array (or its transform).
+put back as that very array (or its transform) -- but the implicit ones, which
+the model computes and whose paths are no leaves of its tree.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def _describe(entry: tuple[str, Any] | None) -> str:
 
 
 def _dedupe_target(item: StoredItem, target: Any) -> Any:
-    """The unique part of a full target, after checking it holds every tie as stored."""
-    amap = item.alias_map
+    """The unique part of a full target, after checking it holds every tie as stored
+    (but an implicit one, which the model computes: no leaf of its tree)."""
+    amap = item.alias_map.explicit()
     if not amap:
         return target
     found = get_paths(target, sorted(set(amap) | set(amap.values())))
@@ -161,7 +163,13 @@ def _check_fits(item: StoredItem, unique_target: Any) -> None:
     problems = []
     if missing := stored - set(leaves):
         problems.append(f"no leaf at stored path(s) {sample(missing)}")
-    if extra := set(leaves) - stored:
+    computed = item.alias_map.implicit
+    for path in sorted(set(leaves) & computed):
+        problems.append(
+            f"{path!r}: a leaf, but the checkpoint stores it as an implicit alias of "
+            f"{item.alias_map[path]!r}, which the model computes: no leaf of its tree"
+        )
+    if extra := set(leaves) - stored - computed:
         problems.append(f"leaves at path(s) {sample(extra)}, which the checkpoint does not store")
     for path, info in item.stored.items():
         shape = getattr(leaves.get(path), "shape", None)

@@ -4,7 +4,10 @@ The direction is DeepSpeed's ``shared_params``: the key is the path that is not
 stored (the alias), the value the path that is (the canonical). An alias may
 carry an axis permutation, for ties across an axis-order change (PyTorch
 ``lm_head.weight`` tied to ``wte.weight`` is Flax ``lm_head/kernel ==
-wte/embedding.T``).
+wte/embedding.T``), and may be *implicit*: the model computes it from its
+canonical (``FlaxGPT2LMHeadModel``'s head from ``wte/embedding``, an ``attend``),
+so it is never a leaf of the tree -- :func:`jaxshare.retie`, restores and
+``consolidate`` leave it out -- while the way out to PyTorch names re-creates it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ VERSION = 1
 DOCUMENT = Kind("alias map", FORMAT, VERSION)
 #: ``from_json`` refuses larger input; a real alias map is a few kilobytes.
 MAX_JSON_BYTES = 16 * 2**20
+#: The fields of an alias's entry object: its canonical, and a transform or the
+#: implicit mark or both.
+_ENTRY_FIELDS = frozenset({"target", "permute", "implicit"})
 
 
 def check_path(value: Any, what: str) -> str:
@@ -58,10 +64,18 @@ class AliasMap(FrozenMapping[str, str]):
         back is exact; ``None`` when the tree was not converted. It is
         provenance, not a tie: maps with the same ties are equal whatever
         their naming.
+      implicit: aliases the model computes from their canonical instead of
+        holding them: never leaves of the tree (``retie`` does not put them
+        back), ties all the same on the way out to PyTorch names. An alias the
+        naming record marks implicit is implicit too. Like the naming, it says
+        how the tree holds the ties, not which they are: maps with the same ties
+        are equal whatever their implicit aliases (:attr:`implicit` tells them
+        apart).
 
     Raises:
-      TypeError, ValueError: a path or permutation is malformed, or the map has a
-        self-alias or a cycle; the message names the paths.
+      TypeError, ValueError: a path or permutation is malformed, the map has a
+        self-alias or a cycle, or ``implicit`` names a path that is no alias; the
+        message names the paths.
 
     >>> m = AliasMap({"lm_head/kernel": "wte/embedding", "b": "a"},
     ...              transforms={"lm_head/kernel": (1, 0)})
@@ -71,9 +85,11 @@ class AliasMap(FrozenMapping[str, str]):
     {'a': ('b',), 'wte/embedding': ('lm_head/kernel',)}
     >>> AliasMap({"c": "b", "b": "a"})  # chains collapse
     AliasMap({'b': 'a', 'c': 'a'})
+    >>> sorted(AliasMap({"lm_head/kernel": "wte/embedding"}, implicit=["lm_head/kernel"]).implicit)
+    ['lm_head/kernel']
     """
 
-    __slots__ = ("_entries", "_transforms", "_naming", "_hash")
+    __slots__ = ("_entries", "_transforms", "_naming", "_implicit", "_hash")
 
     def __init__(
         self,
@@ -82,6 +98,7 @@ class AliasMap(FrozenMapping[str, str]):
         *,
         transforms: Mapping[str, Sequence[int] | None] | None = None,
         naming: NamingRecord | None = None,
+        implicit: Iterable[str] = (),
     ) -> None:
         if naming is not None and not isinstance(naming, NamingRecord):
             raise TypeError(f"`naming` must be a NamingRecord, got {type(naming).__name__}.")
@@ -116,9 +133,19 @@ class AliasMap(FrozenMapping[str, str]):
             resolved[alias] = target
             if perm is not None:
                 resolved_perms[alias] = perm
+        marked = frozenset(implicit)
+        unknown = sorted(a for a in marked if a not in resolved)
+        if unknown:
+            raise ValueError(
+                f"`implicit` names {unknown[:5]}, which are not aliases in this map; an "
+                "implicit tie is an alias the model computes from its canonical."
+            )
+        if naming:  # (What the record marks implicit, of this map's aliases.)
+            marked |= {a for a in naming.implicit if a in resolved}
         self._entries = resolved
         self._transforms = resolved_perms
         self._naming = naming or None
+        self._implicit = marked
         self._hash: int | None = None
 
     @classmethod
@@ -135,6 +162,7 @@ class AliasMap(FrozenMapping[str, str]):
         self._entries = {a: aliases[a] for a in sorted(aliases)}
         self._transforms = {}
         self._naming = None
+        self._implicit = frozenset()
         self._hash = None
         return self
 
@@ -157,6 +185,8 @@ class AliasMap(FrozenMapping[str, str]):
 
     def __repr__(self) -> str:
         extra = f", transforms={self._transforms!r}" if self._transforms else ""
+        if self._implicit:
+            extra += f", implicit={sorted(self._implicit)!r}"
         if self._naming is not None:
             extra += f", naming={self._naming!r}"
         return f"AliasMap({self._entries!r}{extra})"
@@ -177,9 +207,27 @@ class AliasMap(FrozenMapping[str, str]):
         """The naming record of the conversion that made the tree, if any."""
         return self._naming
 
+    @property
+    def implicit(self) -> frozenset[str]:
+        """The aliases the model computes: never leaves of the tree (see the class)."""
+        return self._implicit
+
+    def explicit(self) -> AliasMap:
+        """The ties that are leaves of the tree: this map without its implicit aliases.
+
+        >>> AliasMap({"b": "a", "head": "a"}, implicit=["head"]).explicit()
+        AliasMap({'b': 'a'})
+        """
+        if not self._implicit:
+            return self
+        kept = {a: c for a, c in self._entries.items() if a not in self._implicit}
+        return AliasMap(kept, transforms={a: p for a, p in self._transforms.items() if a in kept})
+
     def with_naming(self, naming: NamingRecord | None) -> AliasMap:
-        """This map with ``naming`` as its naming record."""
-        return AliasMap(self._entries, transforms=self._transforms, naming=naming)
+        """This map with ``naming`` as its naming record (its implicit aliases kept)."""
+        return AliasMap(
+            self._entries, transforms=self._transforms, naming=naming, implicit=self._implicit
+        )
 
     @property
     def transforms(self) -> Mapping[str, Perm]:
@@ -204,21 +252,34 @@ class AliasMap(FrozenMapping[str, str]):
             {fn(a): fn(c) for a, c in self._entries.items()},
             transforms={fn(a): p for a, p in self._transforms.items()},
             naming=None if self._naming is None else self._naming.rename(fn),
+            implicit=map(fn, self._implicit),
         )
 
     # -- JSON -----------------------------------------------------------------
     def to_json(self, *, indent: int | None = None) -> str:
         """Serialises to the versioned JSON format (keys sorted). The naming record,
         if any, has a JSON document of its own (``naming.to_json()``), stored beside.
+        An implicit alias is an object with ``"implicit": true`` (a map without one
+        is written as before).
 
         >>> AliasMap({"b": "a"}).to_json()
         '{"format": "jaxshare.alias_map", "version": 1, "aliases": {"b": "a"}}'
+        >>> json.loads(AliasMap({"b": "a"}, implicit=["b"]).to_json())["aliases"]
+        {'b': {'target': 'a', 'implicit': True}}
         """
         entries: dict[str, Any] = {}
         for alias in sorted(self._entries):
             target = self._entries[alias]
             perm = self._transforms.get(alias)
-            entries[alias] = target if perm is None else {"target": target, "permute": list(perm)}
+            if perm is None and alias not in self._implicit:
+                entries[alias] = target
+                continue
+            entry: dict[str, Any] = {"target": target}
+            if perm is not None:
+                entry["permute"] = list(perm)
+            if alias in self._implicit:
+                entry["implicit"] = True
+            entries[alias] = entry
         doc = {"format": FORMAT, "version": VERSION, "aliases": entries}
         return json.dumps(doc, indent=indent)
 
@@ -239,23 +300,33 @@ class AliasMap(FrozenMapping[str, str]):
         entries = doc["aliases"]
         aliases: dict[str, str] = {}
         transforms: dict[str, Any] = {}
+        implicit: list[str] = []
         for alias, entry in entries.items():
             if isinstance(entry, dict):
-                if set(entry) != {"target", "permute"}:
+                fields = set(entry)
+                if not {"target"} < fields <= _ENTRY_FIELDS:
                     raise ValueError(
                         f"alias {alias!r}: an entry object must have exactly the fields "
-                        f"'target' and 'permute', got {sorted(entry)}."
+                        f"'target' and 'permute', 'implicit' or both, got {sorted(entry)}."
                     )
-                if not isinstance(entry["permute"], list):
-                    raise ValueError(
-                        f"alias {alias!r}: 'permute' must be a list of ints, got "
-                        f"{entry['permute']!r}."
-                    )
-                aliases[alias], transforms[alias] = entry["target"], entry["permute"]
+                if "permute" in entry:
+                    if not isinstance(entry["permute"], list):
+                        raise ValueError(
+                            f"alias {alias!r}: 'permute' must be a list of ints, got "
+                            f"{entry['permute']!r}."
+                        )
+                    transforms[alias] = entry["permute"]
+                if "implicit" in entry:
+                    if entry["implicit"] is not True:  # (Written only where it holds.)
+                        raise ValueError(
+                            f"alias {alias!r}: 'implicit' must be true, got {entry['implicit']!r}."
+                        )
+                    implicit.append(alias)
+                aliases[alias] = entry["target"]
             else:
                 aliases[alias] = entry
         try:
-            return cls(aliases, transforms=transforms)
+            return cls(aliases, transforms=transforms, implicit=implicit)
         except TypeError as e:
             raise ValueError(f"alias map JSON is invalid: {e}") from None
 

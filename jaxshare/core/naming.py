@@ -8,11 +8,18 @@ PyTorch -> Flax axis permutation it applied. The record travels with the alias
 map (``AliasMap.naming``) into Orbax items, safetensors metadata and Hugging
 Face directories, and the way back reads it instead of guessing.
 
-JSON, strict like the alias map's::
+A leaf may be marked *implicit*: an alias the Flax model computes rather than
+holds (GPT-2's ``lm_head/kernel``, which ``FlaxGPT2LMHeadModel`` computes from
+``wte/embedding``). It has a PyTorch name, so the way out re-creates it, but it is
+never a leaf of the Flax tree (see :attr:`jaxshare.AliasMap.implicit`).
+
+JSON, strict like the alias map's (``"implicit": true`` only on such a leaf; a
+record without it is read as before)::
 
     {"format": "jaxshare.naming", "version": 1,
-     "leaves": {"params/wte/embedding": {"torch": "wte.weight"},
-                "params/lm_head/kernel": {"torch": "lm_head.weight", "permute": [1, 0]}}}
+     "leaves": {"transformer/wte/embedding": {"torch": "transformer.wte.weight"},
+                "lm_head/kernel": {"torch": "lm_head.weight", "permute": [1, 0],
+                                   "implicit": true}}}
 """
 
 from __future__ import annotations
@@ -154,23 +161,35 @@ def _check(path: Any, entry: Any) -> Naming:
 class NamingRecord(FrozenMapping[str, Naming]):
     """An immutable map from Flax path to :class:`Naming` (PyTorch name, permutation).
 
+    Args:
+      entries: ``{Flax path: Naming | (name, permutation) | name}``.
+      implicit: the paths of ``entries`` that are implicit ties: aliases the Flax
+        model computes, never leaves of its tree (see the module docstring).
+
     Raises:
-      TypeError, ValueError: a malformed path, name or permutation, or two paths
-        with one PyTorch name; the message names them.
+      TypeError, ValueError: a malformed path, name or permutation, two paths
+        with one PyTorch name, or an implicit path the record does not name; the
+        message names them.
 
     >>> r = NamingRecord({"params/h/0/c_attn/kernel": ("h.0.c_attn.weight", (1, 0))})
     >>> r["params/h/0/c_attn/kernel"]
     Naming(torch='h.0.c_attn.weight', permute=(1, 0))
     >>> NamingRecord.from_json(r.to_json()) == r
     True
+    >>> head = NamingRecord({"lm_head/kernel": ("lm_head.weight", (1, 0))},
+    ...                     implicit=["lm_head/kernel"])
+    >>> sorted(NamingRecord.from_json(head.to_json()).implicit)
+    ['lm_head/kernel']
     """
 
-    __slots__ = ("_entries", "_hash")
+    __slots__ = ("_entries", "_implicit", "_hash")
 
     def __init__(
         self,
         entries: Mapping[str, _Entry] | Iterable[tuple[str, _Entry]] = (),
         /,
+        *,
+        implicit: Iterable[str] = (),
     ) -> None:
         checked: dict[str, Naming] = {}
         owners: dict[str, str] = {}
@@ -183,17 +202,30 @@ class NamingRecord(FrozenMapping[str, Naming]):
                     f"{naming.torch!r}."
                 )
             checked[path] = naming
+        marked = frozenset(implicit)
+        unknown = sorted(p for p in marked if p not in checked)
+        if unknown:
+            raise ValueError(
+                f"naming record: `implicit` names {unknown[:5]}, which the record does not "
+                "name; an implicit tie is one of its leaves."
+            )
         self._entries = checked
+        self._implicit = marked
         self._hash: int | None = None
+
+    @property
+    def implicit(self) -> frozenset[str]:
+        """The Flax paths that are implicit ties: computed by the model, never leaves."""
+        return self._implicit
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, NamingRecord):
-            return self._entries == other._entries
+            return self._entries == other._entries and self._implicit == other._implicit
         return NotImplemented
 
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash(frozenset(self._entries.items()))
+            self._hash = hash((frozenset(self._entries.items()), self._implicit))
         return self._hash
 
     def __repr__(self) -> str:
@@ -201,16 +233,20 @@ class NamingRecord(FrozenMapping[str, Naming]):
 
     def rename(self, fn: Callable[[str], str]) -> NamingRecord:
         """A new record with every Flax path passed through ``fn``."""
-        return NamingRecord({fn(p): n for p, n in self._entries.items()})
+        return NamingRecord(
+            {fn(p): n for p, n in self._entries.items()}, implicit=map(fn, self._implicit)
+        )
 
     def to_json(self, *, indent: int | None = None) -> str:
         """The versioned JSON format (paths in record order)."""
-        leaves = {
-            path: {"torch": n.torch}
-            if n.permute is None
-            else {"torch": n.torch, "permute": list(n.permute)}
-            for path, n in self._entries.items()
-        }
+        leaves: dict[str, dict[str, Any]] = {}
+        for path, n in self._entries.items():
+            leaf: dict[str, Any] = {"torch": n.torch}
+            if n.permute is not None:
+                leaf["permute"] = list(n.permute)
+            if path in self._implicit:
+                leaf["implicit"] = True
+            leaves[path] = leaf
         return json.dumps({"format": FORMAT, "version": VERSION, "leaves": leaves}, indent=indent)
 
     @classmethod
@@ -224,19 +260,28 @@ class NamingRecord(FrozenMapping[str, Naming]):
         """
         doc = load_document(text, DOCUMENT, {"leaves": dict}, max_bytes=max_bytes)
         entries: dict[str, Any] = {}
+        implicit: list[str] = []
+        fields = {"torch", "permute", "implicit"}
         for path, entry in doc["leaves"].items():
-            if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= {"torch", "permute"}:
+            if not isinstance(entry, dict) or not {"torch"} <= set(entry) <= fields:
                 raise ValueError(
-                    f"naming record: {path!r} must map to {{'torch': name[, 'permute': [...]]}}, "
-                    f"got {entry!r}."
+                    f"naming record: {path!r} must map to {{'torch': name[, 'permute': [...]]"
+                    f"[, 'implicit': true]}}, got {entry!r}."
                 )
             permute = entry.get("permute")
             if "permute" in entry and not isinstance(permute, list):
                 raise ValueError(
                     f"naming record: 'permute' of {path!r} must be a list of ints, got {permute!r}."
                 )
+            if "implicit" in entry:
+                if entry["implicit"] is not True:  # (Written only where it holds.)
+                    raise ValueError(
+                        f"naming record: 'implicit' of {path!r} must be true, got "
+                        f"{entry['implicit']!r}."
+                    )
+                implicit.append(path)
             entries[path] = (entry["torch"], permute)
         try:
-            return cls(entries)
+            return cls(entries, implicit=implicit)
         except TypeError as e:
             raise ValueError(str(e)) from None

@@ -146,7 +146,9 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
     alias with a transform the transposed canonical (one object shared by all
     aliases with the same canonical and transform). Mapping keys that ``dedupe``
     removed are re-created (``int`` where the mapping's other keys are ints, as
-    NNX list indices are; otherwise ``str``). The input is not mutated.
+    NNX list indices are; otherwise ``str``). An implicit alias
+    (:attr:`AliasMap.implicit`: the model computes it) is no leaf of the tree and
+    is not put back. The input is not mutated.
 
     Raises:
       ValueError: a canonical path is missing; the tree already holds a
@@ -161,8 +163,10 @@ def retie(unique_tree: Any, alias_map: Mapping[str, str], /, *, is_leaf: IsLeaf 
     (2, 3)
     >>> retie({"a": emb, "b": [None]}, {"b/0": "a"})["b"][0] is emb
     True
+    >>> sorted(retie({"wte": emb}, AliasMap({"head": "wte"}, implicit=["head"])))
+    ['wte']
     """
-    amap = as_alias_map(alias_map)
+    amap = as_alias_map(alias_map).explicit()  # (An implicit alias is never a leaf.)
     if not amap:
         return unique_tree
     found = _read(unique_tree, amap, is_leaf, "unique_tree")

@@ -22,7 +22,7 @@ from jaxshare.core.tie import dedupe, retie
 
 __all__ = ["Tied", "tie"]
 
-_Aux = tuple[AliasMap, NamingRecord | None]
+_Aux = tuple[AliasMap, NamingRecord | None, frozenset[str]]
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -85,9 +85,10 @@ class Tied:
         """A ``Tied`` with the same alias map over a new unique tree."""
         return Tied(unique, self._alias_map)
 
-    # The aux data pairs the map with its naming record: maps with the same ties
-    # compare equal whatever their naming, but two Tieds are one tree structure for
-    # JAX (e.g. one `jit` cache entry) only if their naming agrees too.
+    # The aux data pairs the map with its naming record and implicit aliases: maps
+    # with the same ties compare equal whatever their naming, but two Tieds are one
+    # tree structure for JAX (e.g. one `jit` cache entry) only if their naming and
+    # their implicit aliases (which `tree` leaves out) agree too.
     def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Any], ...], _Aux]:
         return ((jax.tree_util.GetAttrKey("unique"), self._unique),), self._aux()
 
@@ -95,7 +96,7 @@ class Tied:
         return (self._unique,), self._aux()
 
     def _aux(self) -> _Aux:
-        return self._alias_map, self._alias_map.naming
+        return self._alias_map, self._alias_map.naming, self._alias_map.implicit
 
     @classmethod
     def tree_unflatten(cls, aux: _Aux, children: tuple[Any, ...]) -> Tied:

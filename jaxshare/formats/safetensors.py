@@ -442,7 +442,12 @@ class SafetensorsFile(TensorSource):
         self.unapplied_ties = tuple(unapplied)
         self.origins = {**dict.fromkeys(amap, METADATA), **dict.fromkeys(dropped, SAVE_MODEL)}
         # (A kept name that is itself an alias: the map collapses the chain.)
-        self.ties = AliasMap({**amap, **dropped}, transforms=amap.transforms, naming=amap.naming)
+        self.ties = AliasMap(
+            {**amap, **dropped},
+            transforms=amap.transforms,
+            naming=amap.naming,
+            implicit=amap.implicit,
+        )
         self.parts = (file_part(self.path, len(self.infos)),)
         mapped = map_file(self.path)
         self._map = mapped if mapped.size else None
@@ -455,6 +460,9 @@ class SafetensorsFile(TensorSource):
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return np.array(self.array(name)[index])
+
+    def slice_view(self, name: str, index: Index) -> np.ndarray:
+        return self.array(name)[index]
 
     def extents(self, name: str) -> Sequence[FileRange]:
         entry = self.header.tensors[name]
