@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints/common.txt constraints/test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -c constraints/test.txt -e ".[torch,hf,test]"
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints/test.txt google-tunix==0.1.7
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -220,6 +220,8 @@ def convert(
     try:  # A bad `layout` fails before anything is read.
         chosen = None if layout is None else as_layout(layout)
     except ValueError as error:
+        if str(layout).endswith((".toml", ".json")):
+            raise  # (A layout file that is wrong is bad input, as any input is.)
         raise UsageError(str(error)) from None
     if fmt == "torch":  # A pickle of torch tensors: torch, before anything is read.
         from bridge.torch.torch_file import save_torch  # noqa: F401

@@ -15,16 +15,31 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
+from bridge.hf.config import config_dict
+from bridge.layouts.layout import Layout, as_layout
 from bridge.sources.registry import open_training, opened, reader_of
 from jaxshare.stream import TensorSource, TieReport
 
 __all__ = ["inspect"]
 
 
-def inspect(path: str | os.PathLike | TensorSource, /) -> TieReport:
+def inspect(
+    path: str | os.PathLike | TensorSource,
+    /,
+    *,
+    layout: str | os.PathLike[str] | Layout | None = None,
+    config: Any = None,
+) -> TieReport:
     """The tie report of the checkpoint, directory or weights file at ``path``: what
     ``jaxshare inspect PATH`` prints (``--json``: :meth:`TieReport.to_json`).
+
+    With a ``layout`` made of tables (``"tunix"``, a layout file), the report's
+    notes say, for each tensor, the leaf it goes to (or comes from) and the entry
+    that places it: ``placed: model.norm.weight -> final_norm/w (entry 9 ...)``.
+    ``config`` (a path or a dict) is the model's ``config.json`` where the input
+    holds none.
 
     Raises:
       UsageError, FileNotFoundError, ValueError: ``path`` is of no kind jaxshare
@@ -45,4 +60,23 @@ def inspect(path: str | os.PathLike | TensorSource, /) -> TieReport:
             report = params.report()
         return dataclasses.replace(report, notes=(*report.notes, *training.optimizer.describe()))
     with opened(path, arg="path") as source:
-        return source.report()
+        report = source.report()
+        if layout is None:
+            return report
+        chosen = as_layout(layout)
+        if chosen.view is None or not chosen.tables:
+            raise ValueError(
+                f"{source.where}: inspect --layout shows the entries of a layout made of "
+                f"tables (tunix, or a layout file); {chosen.name} has none."
+            )
+        cfg = config_dict(config) if config is not None else None
+        view = chosen.view(source, cfg)
+        placed = [
+            f"placed: {name} -> {path_} ({entry})"
+            for name, (path_, entry) in getattr(view, "placed_by", {}).items()
+        ]
+        implicit = [
+            f"implicit tie: {alias} is computed from {canonical} (no leaf)"
+            for alias, canonical in getattr(view, "implicit", {}).items()
+        ]
+        return dataclasses.replace(report, notes=(*report.notes, *placed, *implicit))

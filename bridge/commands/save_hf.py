@@ -79,11 +79,15 @@ def _source_of(
         flax_tree = not _is_state_dict(what)
     if not flax_tree:
         return open_source(what, rules, arg="source_or_tree")
+    named = isinstance(what, Tied) and what.alias_map.naming is not None
+    chosen = None if named else layout(what)
+    if chosen is not None and chosen.view is not None:  # (Its view names the tree.)
+        from jaxshare.checkpoint import TreeSource
+
+        return TreeSource(what.unique if isinstance(what, Tied) else what)
     from bridge.naming.to_torch import to_torch
     from bridge.torch.state_dict import StateDictSource
 
-    named = isinstance(what, Tied) and what.alias_map.naming is not None
-    chosen = None if named else layout(what)
     if named or (chosen is not None and not chosen.collections):
         state = to_torch(what, rules=rules if chosen is None else chosen.resolve(None, rules))
     else:
@@ -146,11 +150,13 @@ def _shards(entries: list[PlanEntry], limit: int) -> list[list[PlanEntry]]:
     return shards
 
 
-def _config_text(file: Path | None, cfg: dict, entries: list[PlanEntry]) -> bytes:
-    """``config.json``: ``file``'s own bytes where nothing changes, its ``dtype`` set
-    to the weights' floating dtype when they all share one."""
+def _config_text(
+    file: Path | None, cfg: dict, entries: list[PlanEntry], *, changed: bool = False
+) -> bytes:
+    """``config.json``: ``file``'s own bytes where nothing changes (``changed``: ``cfg``
+    differs from it already), its ``dtype`` set to the weights' floating dtype when
+    they all share one."""
     floats = {e.info.dtype for e in entries if is_floating(e.info.dtype)}
-    changed = False
     if len(floats) == 1:
         (dtype,) = floats
         for key in ("dtype", "torch_dtype"):
@@ -204,9 +210,12 @@ def save_hf(
     tie back. A tie the config declares is left out of the files, as
     ``save_pretrained`` does (transformers ties it again on load); every other
     alias is written out, and a stored tensor the config ties to another stored
-    one (a Flax head its tie makes unused) is left out, one warning line each.
-    Tensors are read, cast and transposed one at a time; the directory appears
-    only when complete.
+    one (a Flax head its tie makes unused) is left out, one warning line each --
+    but a head the Flax port computes its logits with (transformers-flax Llama's
+    and Mistral's ``lm_head/kernel``), which is kept where it differs from the
+    embedding, the output's ``config.json`` saying ``tie_word_embeddings: false``
+    (one warning line). Tensors are read, cast and transposed one at a time; the
+    directory appears only when complete.
 
     Args:
       directory: the output directory.
@@ -230,7 +239,9 @@ def save_hf(
       rules: naming rules for Flax trees and sources.
       layout: the Flax layout of a Flax-named source without a naming record:
         ``"jaxshare"`` or ``"transformers-flax"``; default: found from the tree (no
-        collection at the top: transformers-flax), see ``docs/flax-layouts.md``.
+        collection at the top: transformers-flax; a linen ``params`` collection
+        alone: transformers-flax where the config's model class fits it), see
+        ``docs/flax-layouts.md``.
       use_transformers: as for :class:`HFDirectory`, for the config's ties.
       manifest: record every tensor's hash as it is written (each shard's
         metadata, and the index's ``metadata`` under ``"jaxshare.manifest"``), for
@@ -265,12 +276,17 @@ def save_hf(
             )
         return meta(config).model
 
+    tree_in: list[Layout | None] = []  # (The layout a Flax tree given in memory is in.)
+
     def tree_layout(tree: Any) -> Layout | None:
         from jaxshare import Tied  # (JAX: a tree of arrays.)
 
         top = tree.unique if isinstance(tree, Tied) else tree
         paths = list(top) if isinstance(top, Mapping) else []
-        return detect_layout(layout, paths, None if config is None else config_dict(config))
+        tree_in.append(
+            detect_layout(layout, paths, None if config is None else config_dict(config))
+        )
+        return tree_in[-1]
 
     source = opened = _source_of(source_or_tree, rules, like, tree_layout)
     try:
@@ -289,9 +305,12 @@ def save_hf(
         # leaves or checks them; else the ties the table tells, after the plan.
         needs_model = plan is None and _needs_model(source, cfg, rules, layout)
         found = meta(cfg) if needs_model else ConfigTies({})
+        chosen = tree_in[-1] if tree_in else None  # (The layout the tensors come from.)
         if plan is None:
+            plan, source, flax_layout = _plan_of(source, cfg, found, rules, layout, directory)
+            chosen = chosen if flax_layout is None else flax_layout
             # Stacks of layers (a scanned tree's) as layers, each read as its slice.
-            plan, source = unstacked(*_plan_of(source, cfg, found, rules, layout, directory))
+            plan, source = unstacked(plan, source)
         if not needs_model:
             found = meta(cfg, [e.name for e in plan.entries], need_model=False)
         plan = plan.cast(dtype)
@@ -304,14 +323,15 @@ def save_hf(
         if not found.exact:  # The table decides by the names stored.
             stored = [e.name for e in plan.entries]
             found = config_ties(cfg, stored, rules, use_transformers=False)
-        plan = _without_tied_copies(plan, source, found.ties, cfg, Path(directory))
+        port = None if chosen is None or chosen.collections else chosen.family(cfg)
+        plan, untied = _without_tied_copies(plan, source, found.ties, cfg, Path(directory), port)
         # Layers split from stacks come stack after stack, the order they are read in
         # (a stack stored in one chunk is read once); the rest in the model's order.
         order = None if isinstance(source, UnstackedSource) else found.order
         entries = _outputs(plan, found.ties, order)
         shards = _shards(entries, limit)
         names = [shard_name(SAFE_WEIGHTS, k, len(shards)) for k in range(1, len(shards) + 1)]
-        text = _config_text(_config_file(config, source), cfg, entries)
+        text = _config_text(_config_file(config, source), cfg, entries, changed=untied)
         inputs = [*inputs, *([source.path] if source.path is not None else [])]
         if isinstance(source_or_tree, (str, os.PathLike)):
             inputs.append(source_or_tree)
@@ -348,30 +368,57 @@ def _plan_of(
     rules: Rules,
     layout: str | Layout | None,
     directory: str | os.PathLike,
-) -> tuple[Plan, TensorSource]:
+) -> tuple[Plan, TensorSource, Layout | None]:
     """The PyTorch names of ``source``'s tensors: as they are (PyTorch names); by its
     naming record (a conversion's: exact); by the transformers-flax layout (given, or
-    found: no collection at the top), whose rules decide every name and axis order; else
-    after the config's model class (``like=``), which settles what names cannot; by
-    the rules where ``rules.stacks`` names scanned layers (a stack is one output here,
-    named ``model.layers.{i}...``). Returns the plan and the source it reads:
-    ``source``, or, where the Flax port computes tensors that the PyTorch class
-    stores, ``source`` with them."""
+    found: no collection at the top, or a linen ``params`` collection whose tree
+    that layout fits, see :func:`_layout_of`), whose rules decide every name and axis
+    order; else after the config's model class (``like=``), which settles what names
+    cannot; by the rules where ``rules.stacks`` names scanned layers (a stack is one
+    output here, named ``model.layers.{i}...``). Returns the plan, the source it reads
+    (``source``, or, where the Flax port computes tensors that the PyTorch class
+    stores, ``source`` with them) and the layout the tensors are in."""
     if not source.flax_named:
-        return Plan.identity(source), source
-    chosen = detect_layout(layout, list(source.infos), config)
+        return Plan.identity(source), source, None
+    chosen = _layout_of(source, config, found, rules, layout, directory)
     if source.ties.naming is not None or rules.stacks:  # (Exact; a port's quirks below.)
         plan = torch_plan(source, rules=rules)
     elif chosen is None or chosen.collections:
-        return torch_plan(source, rules=rules, like=found.model), source
+        return torch_plan(source, rules=rules, like=found.model), source, chosen
     else:
         plan = torch_plan(source, rules=chosen.resolve(config, rules))
         if found.names is not None:
             _check_fits(plan, found, chosen, config, directory)
     family = None if chosen is None or chosen.collections else chosen.family(config)
     if family is None or found.names is None:
-        return plan, source
-    return _with_computed(plan, source, family, found.names, config, directory)
+        return plan, source, chosen
+    return (*_with_computed(plan, source, family, found.names, config, directory), chosen)
+
+
+def _layout_of(
+    source: TensorSource,
+    config: dict,
+    found: ConfigTies,
+    rules: Rules,
+    layout: str | Layout | None,
+    directory: str | os.PathLike,
+) -> Layout | None:
+    """The layout of a Flax-named ``source`` (:func:`bridge.detect_layout`): where it
+    has no naming record, the config's model class (``found``) says whether a tree
+    under a linen ``params`` collection is in the transformers-flax layout -- that
+    layout's rules name every leaf as one of the model's tensors, of its shape."""
+
+    def fits(candidate: Layout) -> bool:
+        if found.names is None:
+            return False  # (No model class to hold the tree against.)
+        try:
+            plan = torch_plan(source, rules=candidate.resolve(config, rules))
+        except ValueError:
+            return False
+        return _misfit(plan, found, candidate, config, directory) is None
+
+    unnamed = source.ties.naming is None and not rules.stacks
+    return detect_layout(layout, list(source.infos), config, fits=fits if unnamed else None)
 
 
 def _with_computed(
@@ -419,6 +466,16 @@ def _check_fits(
       ValueError: one line naming the first Flax leaf that fits no tensor, with the
         model's nearest names.
     """
+    problem = _misfit(plan, found, layout, config, directory)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _misfit(
+    plan: Plan, found: ConfigTies, layout: Layout, config: dict, directory: str | os.PathLike
+) -> str | None:
+    """What :func:`_check_fits` says of the first Flax leaf that fits no tensor of the
+    config's model class, ``None`` where every leaf fits."""
     names = found.names or {}
     record = plan.alias_map.naming or NamingRecord()
     flax_path = {n.torch: path for path, n in record.items()}
@@ -430,31 +487,50 @@ def _check_fits(
         arch = (config.get("architectures") or [config.get("model_type", "the model")])[0]
         what = "has no tensor of that name" if shape is None else f"holds it as {tuple(shape)}"
         near = difflib.get_close_matches(entry.name, list(names), n=3, cutoff=0.5)
-        raise ValueError(
+        return (
             f"{directory}: the Flax leaf {flax_path.get(entry.name, entry.source)!r} fits no "
             f"layout: the {layout.name} layout names it {entry.name!r} {tuple(entry.info.shape)}, "
             f"but {arch} {what}"
             + (f" (nearest: {', '.join(near)})" if near else "")
             + "; pass `layout=` (--layout) the tree's layout, or convert a tree of this model."
         )
+    return None
 
 
 def _without_tied_copies(
-    plan: Plan, source: TensorSource, tied: Mapping[str, str], config: dict, directory: Path
-) -> Plan:
+    plan: Plan,
+    source: TensorSource,
+    tied: Mapping[str, str],
+    config: dict,
+    directory: Path,
+    port: Family | None = None,
+) -> tuple[Plan, bool]:
     """``plan`` without the tensors the model class ties to another tensor the plan
-    stores: a Flax leaf the model never uses under its tie (Flax Llama's
-    ``lm_head/kernel`` when ``tie_word_embeddings`` is set). The tied-to tensor is
+    stores: a Flax leaf the model never uses under its tie. The tied-to tensor is
     kept -- transformers ties the other to it on load -- and each one left out is one
     warning line, saying whether the two held the same values (else max |Δ|).
 
+    A leaf the Flax ``port`` holds of its own even where ``config.json`` ties it
+    (:attr:`bridge.Family.tied_leaves`: transformers-flax Llama's and Mistral's
+    ``lm_head/kernel``, which their logits use) is what the model computed with:
+    where it holds its canonical's bits, the tie stays as it is (left out, no line);
+    where it differs, nothing it used is dropped -- both are written, ``config``
+    (the output's ``config.json``) says ``tie_word_embeddings: false``, and one
+    warning line says so.
+
     Where ``config.json`` says ``tie_word_embeddings: false`` and the model class
     declares the tie all the same (transformers 5's mT5 head), the two sources
-    disagree: the config decides, both are written, and one warning line says so."""
+    disagree: the config decides, both are written, and one warning line says so.
+
+    Returns:
+      The plan, and whether ``config`` was untied.
+    """
     by_name = {e.name: e for e in plan.entries}
     declared = AliasMap(tied)  # (Chains collapsed.)
     dropped: set[str] = set()
     untied = config.get("tie_word_embeddings") is False
+    held = port.tied_leaves if port is not None and not untied else frozenset()
+    untie = False
     for alias, canonical in declared.items():
         if alias not in by_name or canonical not in by_name:
             continue
@@ -469,6 +545,19 @@ def _without_tied_copies(
             continue
         a, c = by_name[alias], by_name[canonical]
         left, kept = plan.array(source, a), plan.array(source, c)
+        if alias in held:  # (The port's own leaf: what its model computed with.)
+            if _same_bits(left, kept):
+                dropped.add(alias)  # The tie as it is: transformers ties it again on load.
+                continue
+            warnings.warn(
+                f"{directory}: config.json ties {alias!r} to {canonical!r}, but the Flax "
+                f"model computes with {a.source!r}, a leaf of its own, which differs from "
+                f"{c.source!r} (max |Δ| = {_max_delta(left, kept)}): both are written, and "
+                "config.json says tie_word_embeddings: false.",
+                stacklevel=4,
+            )
+            untie = True
+            continue
         if left.shape == kept.shape and np.array_equal(left, kept, equal_nan=True):
             how = "which holds the same values"
         else:
@@ -481,11 +570,23 @@ def _without_tied_copies(
             stacklevel=4,
         )
         dropped.add(alias)
+    if untie:
+        config["tie_word_embeddings"] = False
     if not dropped:
-        return plan
-    return dataclasses.replace(
-        plan, entries=tuple(e for e in plan.entries if e.name not in dropped)
-    )
+        return plan, untie
+    kept_entries = tuple(e for e in plan.entries if e.name not in dropped)
+    return dataclasses.replace(plan, entries=kept_entries), untie
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` hold the same bits (``-0.0`` is not ``0.0``; a NaN is
+    itself), compared as unsigned integers of their width, without a copy."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.itemsize not in (1, 2, 4, 8):
+        return bool(np.array_equal(a, b, equal_nan=True))
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    return bool(np.array_equal(a.view(bits), b.view(bits)))
 
 
 def _max_delta(a: np.ndarray, b: np.ndarray) -> str:

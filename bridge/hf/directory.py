@@ -270,6 +270,9 @@ class HFDirectory(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return self._shard(name).read_slice(name, index)
 
+    def slice_view(self, name: str, index: Index) -> np.ndarray:
+        return self._shard(name).slice_view(name, index)
+
     def close(self) -> None:
         for shard in self._shards:
             shard.close()

@@ -13,7 +13,16 @@ placing and naming use:
   (GPT-2's ``FlaxConv1D`` included, whose kernel is ``(out, in)``), and the
   family quirks of :data:`TRANSFORMERS_FLAX_FAMILIES` -- RMS norms that keep
   ``weight`` (Llama, Mistral, Gemma, T5), Whisper's head named ``lm_head``, and
-  Flax Llama's head, which it holds as a leaf of its own even when tied.
+  Flax Llama's head, which it holds as a leaf of its own even when tied;
+- ``"maxtext"``: MaxText's scanned Llama, Mistral and Gemma (:mod:`bridge.layouts.maxtext`);
+- ``"tunix"``: google-tunix's NNX Qwen3, Llama 3 and Gemma 3 (text), tables by
+  ``model_type`` (:mod:`bridge.layouts.tunix`).
+
+A layout made of tables (:mod:`bridge.layouts.table`: entries from PyTorch name
+patterns to Flax path patterns, with the ops between) converts through a view of
+its own (:mod:`bridge.layouts.view`), either way, from the same entries; users
+write their own as a TOML or JSON file (:meth:`Layout.from_file`, ``--layout
+FILE``) or import a Tunix key mapping (:meth:`Layout.from_tunix`).
 
 Ties a Flax port computes instead of storing (GPT-2's ``lm_head`` from
 ``wte/embedding``, BART's ``lm_head`` and both ``embed_tokens`` from ``shared``,
@@ -25,15 +34,18 @@ families are known by ``config.json``'s ``model_type``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
+from bridge.layouts.table import Table, read_table
 from jaxshare.internal import split
 
 if TYPE_CHECKING:  # (The command's --help lists the layouts: no source is read then.)
@@ -45,6 +57,7 @@ __all__ = [
     "MAXTEXT",
     "TRANSFORMERS_FLAX",
     "TRANSFORMERS_FLAX_FAMILIES",
+    "TUNIX",
     "Family",
     "Layout",
     "as_layout",
@@ -144,6 +157,17 @@ TRANSFORMERS_FLAX_FAMILIES: tuple[Family, ...] = (
 )
 
 
+def _tables_view(
+    layout: Layout,
+) -> Callable[[TensorSource, Mapping[str, Any] | None], TensorSource]:
+    def view(source: TensorSource, config: Mapping[str, Any] | None) -> TensorSource:
+        from bridge.layouts.view import table_view
+
+        return table_view(layout.table_list())(source, config)
+
+    return view
+
+
 @dataclass(frozen=True)
 class Layout:
     """A Flax layout: its rules, whether paths start with a collection, and what it
@@ -165,10 +189,49 @@ class Layout:
     """
 
     name: str
-    rules: tuple[Rule, ...]
+    rules: tuple[Rule, ...] = DEFAULT_RULES
     collections: bool = True
     families: tuple[Family, ...] = ()
     view: Callable[[TensorSource, Mapping[str, Any] | None], TensorSource] | None = None
+    tables: tuple[Table, ...] | Callable[[], tuple[Table, ...]] = ()
+
+    def __post_init__(self) -> None:
+        if self.tables and self.view is None:
+            object.__setattr__(self, "view", _tables_view(self))
+
+    def table_list(self) -> tuple[Table, ...]:
+        """The layout's tables (read when first asked for, where they are files)."""
+        return self.tables() if callable(self.tables) else self.tables
+
+    @classmethod
+    def from_table(cls, table: Table | Mapping[str, Any]) -> Layout:
+        """The layout of one table (a :class:`bridge.layouts.table.Table` or its
+        mapping, as a TOML or JSON file holds it).
+
+        >>> layout = Layout.from_table({"name": "mine", "entry": [
+        ...     {"torch": "fc.weight", "flax": "fc/kernel", "ops": [{"permute": [1, 0]}]}]})
+        >>> layout.name, layout.view is not None
+        ('mine', True)
+        """
+        table = table if isinstance(table, Table) else Table.from_dict(table)
+        return cls(table.name, collections=False, tables=(table,))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Layout:
+        """The layout of a ``.toml`` or ``.json`` table file (``--layout FILE``).
+
+        Raises:
+          ValueError: one line naming the file and the line or key that is wrong.
+        """
+        return cls.from_table(read_table(Path(path)))
+
+    @classmethod
+    def from_tunix(cls, mapping: Mapping[str, Any], *, config: Any, name: str = "tunix") -> Layout:
+        """The layout of a Tunix key mapping, what ``_get_key_and_transform_mapping(cfg)``
+        returns (see :func:`bridge.layouts.tunix.from_tunix`)."""
+        from bridge.layouts.tunix import from_tunix
+
+        return cls.from_table(from_tunix(mapping, config=config, name=name))
 
     @property
     def reshapes(self) -> bool:
@@ -229,17 +292,37 @@ def _maxtext_view(source: TensorSource, config: Mapping[str, Any] | None) -> Ten
     return maxtext_view(source, config)
 
 
+def _maxtext_tables() -> tuple[Table, ...]:
+    from bridge.layouts.maxtext import maxtext_tables
+
+    return maxtext_tables()
+
+
 #: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
-#: layers/...``, the layers on axis 1), converted by ``bridge.layouts.maxtext``.
-MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=_maxtext_view)
+#: layers/...``, the layers on axis 1): one table per family
+#: (``bridge/layouts/tables/maxtext/``), read with MaxText's options by
+#: ``bridge.layouts.maxtext``.
+MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=_maxtext_view, tables=_maxtext_tables)
+
+
+def _tunix_tables() -> tuple[Table, ...]:
+    from bridge.layouts.tunix import tunix_tables  # (Its files: only when asked for.)
+
+    return tunix_tables()
+
+
+#: google-tunix's NNX models of Qwen3, Llama 3 and Gemma 3 (text), by ``model_type``:
+#: ``layers/0/attn/q_proj/w``, the heads on axes of their own (``bridge.layouts.tunix``).
+TUNIX = Layout("tunix", collections=False, tables=_tunix_tables)
+
 
 #: The layouts by name.
 LAYOUTS: Mapping[str, Layout] = MappingProxyType(
-    {layout.name: layout for layout in (JAXSHARE, TRANSFORMERS_FLAX, MAXTEXT)}
+    {layout.name: layout for layout in (JAXSHARE, TRANSFORMERS_FLAX, MAXTEXT, TUNIX)}
 )
 
 
-def as_layout(layout: str | Layout) -> Layout:
+def as_layout(layout: str | os.PathLike[str] | Layout) -> Layout:
     """A layout by name (or itself).
 
     Raises:
@@ -251,8 +334,14 @@ def as_layout(layout: str | Layout) -> Layout:
     if isinstance(layout, Layout):
         return layout
     found = LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if found is None and isinstance(layout, str | os.PathLike):
+        if str(layout).endswith((".toml", ".json")):
+            return Layout.from_file(layout)
     if found is None:
-        raise ValueError(f"`layout` {layout!r} is not one of {', '.join(sorted(LAYOUTS))}.")
+        raise ValueError(
+            f"`layout` {layout!r} is not one of {', '.join(sorted(LAYOUTS))}, nor a layout "
+            "file (.toml, .json)."
+        )
     return found
 
 
@@ -260,21 +349,46 @@ def detect_layout(
     layout: str | Layout | None,
     paths: Sequence[str] = (),
     config: Mapping[str, Any] | None = None,
+    *,
+    fits: Callable[[Layout], bool] | None = None,
 ) -> Layout | None:
-    """The layout of a Flax tree: ``layout`` when given; else the transformers-flax
-    layout for a tree of ``paths`` with no collection at the top
-    (``transformer/wte/embedding``, not ``params/...``) when a ``config`` says
-    which model it is; else ``None`` (jaxshare's rules, as given).
+    """The layout of a Flax tree of ``paths`` (rendered) for the model ``config``
+    names (a ``config.json`` dict):
+
+    - ``layout``, when given;
+    - ``None`` (jaxshare's rules, as given) without a ``config`` or ``paths``;
+    - the transformers-flax layout for a tree with no collection at its top
+      (``transformer/wte/embedding``): the Flax model's own ``params``;
+    - for a tree whose top is the linen ``params`` collection alone
+      (``params/transformer/wte/embedding``: ``{"params": params}`` as a linen
+      training loop saves a Flax model's params), the transformers-flax layout
+      where ``fits(layout)``, the caller's test against the config's model class,
+      says that layout names every leaf under ``params/`` as a tensor of the
+      model, of its shape. The paths alone cannot tell that tree from jaxshare's
+      own layout, which names the same modules under ``params/`` (the two trees
+      are the same for most models; GPT-2's differ only in the axis order of its
+      ``Conv1D`` kernels): only the model's shapes can. Without ``fits``, or where
+      it fails, such a tree is jaxshare's (``None``);
+    - else ``None``.
 
     >>> detect_layout(None, ["transformer/wte/embedding"], {"model_type": "gpt2"}).name
     'transformers-flax'
     >>> detect_layout(None, ["params/wte/embedding"], {"model_type": "gpt2"}) is None
     True
+    >>> linen = ["params/transformer/wte/embedding"]
+    >>> detect_layout(None, linen, {"model_type": "gpt2"}, fits=lambda layout: True).name
+    'transformers-flax'
+    >>> detect_layout(None, linen, {"model_type": "gpt2"}, fits=lambda layout: False) is None
+    True
     """
     if layout is not None:
         return as_layout(layout)
+    if config is None or not paths:
+        return None
     top = {split(path)[0] for path in paths}  # (Rendered paths, from the source: split back.)
-    if config is not None and paths and not top & {"params", "batch_stats", "buffers"}:
+    if not top & {"params", "batch_stats", "buffers"}:
+        return TRANSFORMERS_FLAX
+    if top == {"params"} and fits is not None and fits(TRANSFORMERS_FLAX):
         return TRANSFORMERS_FLAX
     return None
 

@@ -13,6 +13,14 @@ are axes of their own, the query kernel carries the attention's
 Hugging Face pairs the two halves, and Gemma's norms and embedding hold
 Hugging Face's ``weight + 1`` and ``embedding * sqrt(hidden_size)``.
 
+The conversions are data: one layout table per family,
+``bridge/layouts/tables/maxtext/{llama,mistral,gemma}.toml`` (:data:`MAXTEXT_FAMILIES`),
+read both ways by the tables' engine (:class:`bridge.layouts.view.TableToTorch`,
+:class:`bridge.layouts.view.TableToFlax`). This module picks the table by
+``config.json``'s ``model_type``, checks the config, and gives the table MaxText's
+own options -- ``scan_layers``, ``param_scan_axis``, ``interleaved_rope``,
+``maxtext_vocab_size`` -- and where in an item the weights are.
+
 The mapping, MaxText leaf (under ``params/params/``) <-> Hugging Face tensor: how
 MaxText -> HF computes the tensor (HF -> MaxText is the inverse), [where from]. A
 layer's leaf is shown for one layer; the stacked array has ``L`` inserted at the
@@ -91,7 +99,7 @@ config's vocabulary, V' MaxText's, which pads Gemma's.) The sources:
    ``params/params/...``"); ``configs/base.yml``: ``scan_layers: true``,
    ``param_scan_axis: 1``.
 
-Where MaxText's own scripts differ, this module does what the script for that
+Where MaxText's own scripts differ, the tables do what the script for that
 model does: the query is scaled by ``1/sqrt(head_dim)`` in float32 [1, 5] for
 Llama with Llama 3 RoPE and for Gemma, divided by ``sqrt(head_dim)`` [2] for
 Mistral and other Llamas; to Hugging Face it is always multiplied back in
@@ -103,45 +111,57 @@ transformers or JAX.
 
 from __future__ import annotations
 
-import difflib
-import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-import numpy as np
-
-from jaxshare import AliasMap
+from bridge.layouts.ops import Add, Divide, Op, Scale, When
+from bridge.layouts.table import Table, read_table
+from bridge.layouts.view import TableToFlax, TableToTorch
 from jaxshare.formats import CONFIG_FILE
-from jaxshare.internal import Index, numpy_dtype
-from jaxshare.stream import ArrayInfo, TensorSource
+from jaxshare.stream import TensorSource
 
 __all__ = [
     "MAXTEXT_FAMILIES",
+    "MAXTEXT_TABLES",
     "MaxTextFamily",
     "MaxTextToTorch",
     "TorchToMaxText",
+    "maxtext_tables",
     "maxtext_view",
     "torch_shapes",
 ]
 
-#: What a tensor is, which decides its shapes and its conversion.
-Kind = Literal["embedding", "norm", "head", "query", "key", "value", "out", "up", "down"]
+#: Where the tables are: one per family.
+MAXTEXT_TABLES = Path(__file__).parent / "tables" / "maxtext"
 
 #: The nestings of MaxText's weights in an item, tried in this order: a run's
 #: ``TrainState`` (and what MaxText's converters write), then a bare ``params`` tree.
 PREFIXES: tuple[tuple[str, ...], ...] = (("params", "params"), ("params",), ())
 
+_LAYER, _LAYERS = "model.layers.{i}.", "decoder/layers/"
+_EMBEDDING, _NORM = "model.embed_tokens.weight", "model.norm.weight"
+
+
+@cache
+def maxtext_tables() -> tuple[Table, ...]:
+    """The shipped MaxText tables: Gemma, Llama, Mistral."""
+    return tuple(read_table(path) for path in sorted(MAXTEXT_TABLES.glob("*.toml")))
+
 
 @dataclass(frozen=True)
 class MaxTextFamily:
-    """How MaxText lays out one family of Hugging Face models.
+    """How MaxText lays out one family of Hugging Face models: its table, and what
+    the table says of it, by name.
 
     Attributes:
+      table: the family's layout table.
       decoder_block: MaxText's ``decoder_block`` for it.
       layer: per decoder layer, ``(Hugging Face name after model.layers.{i}.,
-        MaxText path under decoder/layers, kind)``.
+        MaxText path under decoder/layers)``.
       norm_offset: what MaxText's norm scale adds to Hugging Face's weight
         (Gemma: 1, as Hugging Face's Gemma norm multiplies by ``1 + weight``).
       scaled_embedding: MaxText's embedding is Hugging Face's times
@@ -155,173 +175,68 @@ class MaxTextFamily:
         ``LLaMARotaryEmbedding`` (Llama 3.1): query and key features interleaved.
 
     >>> MAXTEXT_FAMILIES["gemma"].layer[0]
-    ('self_attn.q_proj.weight', ('self_attention', 'query', 'kernel'), 'query')
+    ('self_attn.q_proj.weight', ('self_attention', 'query', 'kernel'))
+    >>> MAXTEXT_FAMILIES["gemma"].norm_offset, MAXTEXT_FAMILIES["llama"].divides_query
+    (1.0, True)
     """
 
-    decoder_block: str
-    layer: tuple[tuple[str, tuple[str, ...], Kind], ...]
-    norm_offset: float = 0.0
-    scaled_embedding: bool = False
-    tied: bool = False
-    divides_query: bool = False
-    rope_from_config: bool = False
+    table: Table
 
+    def _ops(self, name: str) -> list[Op]:
+        """The ops of the (first) entry of the PyTorch name pattern ``name``, each
+        conditional one as the op it applies."""
+        entry = next(e for e in self.table.entries if e.torch == name)
+        return [op.op if isinstance(op, When) else op for op in entry.ops]
 
-def _layer(input_norm: str, post_norm: str) -> tuple[tuple[str, tuple[str, ...], Kind], ...]:
-    """A decoder layer's tensors, its norms named ``input_norm`` and ``post_norm``."""
-    return (
-        ("self_attn.q_proj.weight", ("self_attention", "query", "kernel"), "query"),
-        ("self_attn.k_proj.weight", ("self_attention", "key", "kernel"), "key"),
-        ("self_attn.v_proj.weight", ("self_attention", "value", "kernel"), "value"),
-        ("self_attn.o_proj.weight", ("self_attention", "out", "kernel"), "out"),
-        ("mlp.gate_proj.weight", ("mlp", "wi_0", "kernel"), "up"),
-        ("mlp.up_proj.weight", ("mlp", "wi_1", "kernel"), "up"),
-        ("mlp.down_proj.weight", ("mlp", "wo", "kernel"), "down"),
-        ("input_layernorm.weight", (input_norm, "scale"), "norm"),
-        ("post_attention_layernorm.weight", (post_norm, "scale"), "norm"),
-    )
+    @property
+    def decoder_block(self) -> str:
+        return str(self.table.defaults["decoder_block"])
 
+    @property
+    def layer(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return tuple(
+            (e.torch.removeprefix(_LAYER), tuple(e.flax.removeprefix(_LAYERS).split("/")))
+            for e in self.table.entries
+            if e.torch.startswith(_LAYER) and e.flax.startswith(_LAYERS)
+        )
 
-_LLAMA_LAYER = _layer("pre_self_attention_layer_norm", "post_self_attention_layer_norm")
+    @property
+    def norm_offset(self) -> float:
+        return next((float(op.operand) for op in self._ops(_NORM) if isinstance(op, Add)), 0.0)
+
+    @property
+    def scaled_embedding(self) -> bool:
+        return any(isinstance(op, Scale) for op in self._ops(_EMBEDDING))
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.table.defaults.get("tie_word_embeddings", False))
+
+    @property
+    def divides_query(self) -> bool:
+        return any(isinstance(op, Divide) for op in self._ops(f"{_LAYER}self_attn.q_proj.weight"))
+
+    @property
+    def rope_from_config(self) -> bool:
+        return "interleaved_rope" in self.table.derived
+
 
 #: MaxText's layout of each family, by ``config.json``'s ``model_type``.
 MAXTEXT_FAMILIES: Mapping[str, MaxTextFamily] = MappingProxyType(
-    {
-        "llama": MaxTextFamily("llama2", _LLAMA_LAYER, divides_query=True, rope_from_config=True),
-        "mistral": MaxTextFamily("mistral", _LLAMA_LAYER, divides_query=True),
-        "gemma": MaxTextFamily(
-            "gemma",
-            _layer("pre_self_attention_norm", "pre_ffw_norm"),
-            norm_offset=1.0,
-            scaled_embedding=True,
-            tied=True,
-        ),
-    }
+    {model_type: MaxTextFamily(t) for t in maxtext_tables() for model_type in t.model_types}
 )
 
-_EMBEDDING = ("token_embedder", "embedding")
-_NORM = ("decoder", "decoder_norm", "scale")
-_HEAD = ("decoder", "logits_dense", "kernel")
-_HEAD_NAME, _EMBED_NAME = "lm_head.weight", "model.embed_tokens.weight"
-#: What old checkpoints store and the models compute: MaxText's conversion maps it to nothing.
-_COMPUTED = ".rotary_emb.inv_freq"
 
-
-@dataclass(frozen=True)
-class _Model:
-    """What ``config.json`` says of the model, as the layout needs it."""
-
-    model_type: str
-    family: MaxTextFamily
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    interleaved: bool
-
-    def describe(self) -> str:
-        return (
-            f"{self.model_type}: hidden_size={self.hidden}, num_hidden_layers={self.layers}, "
-            f"num_attention_heads={self.heads}, num_key_value_heads={self.kv_heads}, "
-            f"head_dim={self.head_dim}, intermediate_size={self.intermediate}, "
-            f"vocab_size={self.vocab}"
-        )
-
-    def torch_shape(self, kind: Kind) -> tuple[int, ...]:
-        e, f = self.hidden, self.intermediate
-        return {
-            "embedding": (self.vocab, e),
-            "head": (self.vocab, e),
-            "norm": (e,),
-            "query": (self.heads * self.head_dim, e),
-            "key": (self.kv_heads * self.head_dim, e),
-            "value": (self.kv_heads * self.head_dim, e),
-            "out": (e, self.heads * self.head_dim),
-            "up": (f, e),
-            "down": (e, f),
-        }[kind]
-
-    def maxtext_shape(self, kind: Kind, vocab: int | None = None) -> tuple[int, ...]:
-        """One layer's MaxText shape (the embedding's with ``vocab`` rows)."""
-        e, f, d = self.hidden, self.intermediate, self.head_dim
-        return {
-            "embedding": (self.vocab if vocab is None else vocab, e),
-            "head": (e, self.vocab),
-            "norm": (e,),
-            "query": (e, self.heads, d),
-            "key": (e, self.kv_heads, d),
-            "value": (e, self.kv_heads, d),
-            "out": (self.heads, d, e),
-            "up": (e, f),
-            "down": (f, e),
-        }[kind]
-
-    def to_torch(self, kind: Kind, x: np.ndarray) -> np.ndarray:
-        """One MaxText array (a layer's) as its Hugging Face tensor."""
-        e = self.hidden
-        if kind == "query":
-            x = _scaled(x, math.sqrt(self.head_dim))
-        if kind in ("query", "key") and self.interleaved:
-            x = np.concatenate((x[..., ::2], x[..., 1::2]), axis=-1)
-        if kind in ("query", "key", "value"):
-            x = x.reshape(e, -1).T
-        elif kind == "out":
-            x = x.reshape(-1, e).T
-        elif kind in ("up", "down", "head"):
-            x = x.T
-        elif kind == "norm" and self.family.norm_offset:
-            x = (x - self.family.norm_offset).astype(x.dtype)
-        elif kind == "embedding" and self.family.scaled_embedding:
-            x = (x / np.float32(e**0.5)).astype(x.dtype)
-        return np.ascontiguousarray(x)
-
-    def to_maxtext(self, kind: Kind, w: np.ndarray, vocab: int | None = None) -> np.ndarray:
-        """One Hugging Face tensor as its MaxText array (a layer's)."""
-        if kind in ("query", "key", "value", "out"):
-            x = w.T.reshape(self.maxtext_shape(kind))
-            if kind in ("query", "key") and self.interleaved:
-                half = x.shape[-1] // 2
-                x = np.stack([x[..., :half], x[..., half:]], axis=-1).reshape(x.shape)
-            if kind == "query":
-                if self.family.divides_query and not self.interleaved:
-                    x = x / np.asarray(math.sqrt(self.head_dim), dtype=x.dtype)
-                else:
-                    x = _scaled(x, 1 / math.sqrt(self.head_dim))
-        elif kind in ("up", "down", "head"):
-            x = w.T
-        elif kind == "norm" and self.family.norm_offset:
-            x = (w + self.family.norm_offset).astype(w.dtype)
-        elif kind == "embedding" and (
-            vocab not in (None, w.shape[0]) or self.family.scaled_embedding
-        ):
-            x = np.zeros((w.shape[0] if vocab is None else vocab, w.shape[1]), w.dtype)
-            x[: w.shape[0]] = w
-            if self.family.scaled_embedding:
-                x = (x * np.float32(self.hidden**0.5)).astype(w.dtype)
-        else:
-            x = w
-        return np.ascontiguousarray(x)
-
-
-def _scaled(x: np.ndarray, factor: float) -> np.ndarray:
-    """``x * factor`` as MaxText's ``scale_query_layer`` hooks compute it: in float32,
-    back in ``x``'s dtype."""
-    return (x.astype(np.float32) * np.float32(factor)).astype(x.dtype)
-
-
-def _model(config: Mapping[str, Any] | None, where: str, interleaved: bool | None) -> _Model:
-    """The model ``config`` (a ``config.json`` dict) describes, or one ``ValueError`` line."""
+def _family(config: Any, where: str) -> MaxTextFamily:
+    """The family of ``config`` (a ``config.json`` dict), its sizes checked, or one
+    ``ValueError`` line."""
     if not isinstance(config, Mapping):
         raise ValueError(
             f"{where}: MaxText's layout needs the model's config.json; pass `config=` (a dict)."
         )
     model_type = config.get("model_type")
     family = MAXTEXT_FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    if family is None or not isinstance(model_type, str):
+    if family is None:
         raise ValueError(
             f"{where}: config.json's model_type {model_type!r} has no MaxText layout here; "
             f"the known ones are {', '.join(sorted(MAXTEXT_FAMILIES))}."
@@ -344,36 +259,28 @@ def _model(config: Mapping[str, Any] | None, where: str, interleaved: bool | Non
         return value
 
     hidden, heads = count("hidden_size"), count("num_attention_heads")
+    count("num_hidden_layers")
+    count("num_key_value_heads", heads)
+    count("head_dim", hidden // heads)
+    count("intermediate_size")
+    count("vocab_size")
+    return family
+
+
+def _options(
+    config: Mapping[str, Any], scan_axis: int, interleaved_rope: bool | None, **more: Any
+) -> dict[str, Any]:
+    """MaxText's options as the tables read them (``None``: the table's default)."""
+    if scan_axis not in (0, 1):
+        raise ValueError(f"`scan_axis` is MaxText's param_scan_axis, 0 or 1; got {scan_axis!r}.")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, Mapping) else None
-    if interleaved is None:
-        interleaved = family.rope_from_config and rope_type == "llama3"
-    tied = config.get("tie_word_embeddings", family.tied)
-    return _Model(
-        model_type,
-        family,
-        hidden,
-        count("num_hidden_layers"),
-        heads,
-        count("num_key_value_heads", heads),
-        count("head_dim", hidden // heads),
-        count("intermediate_size"),
-        count("vocab_size"),
-        bool(tied),
-        interleaved,
-    )
-
-
-def _tensors(model: _Model) -> Iterator[tuple[str, tuple[str, ...], Kind, int | None]]:
-    """Every tensor of the layout in Hugging Face's ``state_dict()`` order:
-    ``(Hugging Face name, MaxText path, kind, layer)``, the path of a layer's
-    tensor under ``decoder/layers``."""
-    yield "model.embed_tokens.weight", _EMBEDDING, "embedding", None
-    for i in range(model.layers):
-        for name, path, kind in model.family.layer:
-            yield f"model.layers.{i}.{name}", path, kind, i
-    yield "model.norm.weight", _NORM, "norm", None
-    yield "lm_head.weight", _HEAD, "head", None
+    return {
+        "param_scan_axis": scan_axis,
+        "interleaved_rope": interleaved_rope,
+        "rope_type": rope_type if isinstance(rope_type, str) else None,
+        **more,
+    }
 
 
 def torch_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -387,63 +294,25 @@ def torch_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     >>> len(shapes), shapes["model.layers.1.self_attn.k_proj.weight"]
     (21, (4, 8))
     """
-    model = _model(config, CONFIG_FILE, None)
-    return {
-        name: model.torch_shape(kind)
-        for name, _, kind, _ in _tensors(model)
-        if not (kind == "head" and model.tied)
-    }
+    family = _family(config, CONFIG_FILE)
+    options = _options(config, 1, None)
+    return family.table.bind(config, CONFIG_FILE, options=options).torch_shapes()
 
 
-def _render(parts: Sequence[str]) -> str:
-    return "/".join(parts)
+def _find_prefix(names: Sequence[str], where: str) -> tuple[str, ...]:
+    """Where MaxText's weights are in an item of leaves ``names``."""
+    for top in PREFIXES:
+        starts = ["/".join((*top, key)) + "/" for key in ("decoder", "token_embedder")]
+        if any(n.startswith(s) for n in names for s in starts):
+            return top
+    sample = ", ".join(repr(n) for n in list(names)[:3])
+    raise ValueError(
+        f"{where}: no MaxText weights: expected leaves under 'params/params/decoder/' (a "
+        f"MaxText run's items) or 'params/decoder/', found {sample or 'none'}; pass `prefix=`."
+    )
 
 
-def _stacked(shape: tuple[int, ...], axis: int, layers: int) -> tuple[int, ...]:
-    return (*shape[:axis], layers, *shape[axis:])
-
-
-def _check_axis(scan_axis: int) -> int:
-    if scan_axis not in (0, 1):
-        raise ValueError(f"`scan_axis` is MaxText's param_scan_axis, 0 or 1; got {scan_axis!r}.")
-    return scan_axis
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    """Where one Hugging Face tensor is in the MaxText item."""
-
-    path: str
-    kind: Kind
-    layer: int | None  # Its index on the scan axis of ``path``; ``None``: the whole leaf.
-
-
-class _MaxTextSource(TensorSource):
-    """What both directions share: the wrapped source, the model its config describes."""
-
-    _source: TensorSource
-    _model: _Model
-    _axis: int
-    config: Mapping[str, Any]
-
-    def _wrap(
-        self,
-        source: TensorSource,
-        config: Mapping[str, Any] | None,
-        interleaved_rope: bool | None,
-        scan_axis: int,
-    ) -> tuple[_Model, Mapping[str, Any]]:
-        self._source = source
-        if config is None:
-            config = source.config
-        self._model = _model(config, source.where, interleaved_rope)
-        assert config is not None  # (`_model` refuses anything but a mapping.)
-        self.config, self.live = config, source.live
-        self._axis = _check_axis(scan_axis)
-        return self._model, config
-
-
-class MaxTextToTorch(_MaxTextSource):
+class MaxTextToTorch(TableToTorch):
     """A MaxText item's weights as the Hugging Face PyTorch state dict of the model.
 
     Wraps a Flax-named source in MaxText's layout (an Orbax item,
@@ -486,6 +355,7 @@ class MaxTextToTorch(_MaxTextSource):
         does not cover.
 
     >>> import tempfile
+    >>> import numpy as np
     >>> from safetensors.numpy import save_file
     >>> from jaxshare.formats import SafetensorsFile
     >>> config = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2,
@@ -511,142 +381,28 @@ class MaxTextToTorch(_MaxTextSource):
         scan_axis: int = 1,
         interleaved_rope: bool | None = None,
     ) -> None:
-        model, config = self._wrap(source, config, interleaved_rope, scan_axis)
         where = source.where
-        self.path, self.kind = source.path, source.kind
-        self.parts, self.assets = source.parts, source.assets
-        self.other_files = source.other_files
+        config = source.config if config is None else config
+        family = _family(config, where)
+        assert config is not None  # (`_family` refuses anything but a mapping.)
+        options = _options(config, scan_axis, interleaved_rope)
         names = list(source.infos)
         top = tuple(prefix) if prefix is not None else _find_prefix(names, where)
-        self.prefix = top
-        under = {n: source.infos[n] for n in names if _under(n, top)}
-        layers = _render((*top, "decoder", "layers"))
-        self.scanned = not any(n.startswith(f"{layers}_") for n in under)
-        leaves: dict[str, _Leaf] = {}
-        infos: dict[str, ArrayInfo] = {}
-        seen: set[str] = set()
-        head_missing = False
-        for name, path, kind, layer in _tensors(model):
-            if layer is None:
-                full = _render((*top, *path))
-            elif self.scanned:
-                full = _render((*top, "decoder", "layers", *path))
-            else:
-                full = _render((*top, "decoder", f"layers_{layer}", *path))
-            if full not in under:
-                if kind == "head" and model.tied:
-                    head_missing = True
-                    continue
-                raise ValueError(self._missing(full, kind, model, under))
-            info = under[full]
-            if full not in seen:
-                self._check_shape(
-                    full, kind, info, model, stacked=layer is not None and self.scanned
-                )
-                seen.add(full)
-            at = layer if layer is not None and self.scanned else None
-            leaves[name] = _Leaf(full, kind, at)
-            infos[name] = ArrayInfo(model.torch_shape(kind), info.dtype)
-        extra = sorted(set(under) - seen)
-        if extra:
-            raise ValueError(
-                f"{where}: the leaf {extra[0]!r} has no place in MaxText's "
-                f"{model.family.decoder_block} layout of {model.model_type}; convert an item "
-                "of this family, or pass `prefix=` where its weights are."
-            )
-        self._leaves, self.infos = leaves, infos
-        if head_missing:
-            self.ties = AliasMap({_HEAD_NAME: _EMBED_NAME})
-            self.origins = {_HEAD_NAME: CONFIG_FILE}
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def _missing(self, path: str, kind: Kind, model: _Model, under: Iterable[str]) -> str:
-        where = self._source.where
-        if kind == "head":
-            return (
-                f"{where}: the MaxText leaf {path!r} is missing (MaxText computes the logits "
-                "from the embedding, logits_via_embedding), but config.json sets "
-                "tie_word_embeddings: false; set it true, or convert an item with a head."
-            )
-        shape = model.maxtext_shape(kind)
-        want = _stacked(shape, self._axis, model.layers) if "/layers/" in path else shape
-        near = difflib.get_close_matches(path, list(under), n=3, cutoff=0.8)
-        found = f"nearest: {', '.join(near)}" if near else "nothing near it"
-        return (
-            f"{where}: the MaxText leaf {path!r} {want} is missing ({found}); MaxText's "
-            f"{model.family.decoder_block} layout of {model.model_type} holds it."
-        )
-
-    def _check_shape(
-        self, path: str, kind: Kind, info: ArrayInfo, model: _Model, *, stacked: bool
-    ) -> None:
-        where, got = self._source.where, tuple(info.shape)
-        if kind == "embedding" and len(got) == 2 and got[0] >= model.vocab:
-            padded = model.family.scaled_embedding  # (MaxText pads Gemma's rows.)
-            shape = model.maxtext_shape(kind, got[0] if padded else None)
-        else:
-            shape = model.maxtext_shape(kind)
-        want = _stacked(shape, self._axis, model.layers) if stacked else shape
-        if stacked and len(got) == len(want) and got[self._axis] != model.layers:
-            raise ValueError(
-                f"{where}: the MaxText leaf {path!r} {got} stacks {got[self._axis]} layers on "
-                f"its scan axis {self._axis} (param_scan_axis), but config.json has "
-                f"num_hidden_layers={model.layers}; pass the config of the model the item holds."
-            )
-        if got != want:
-            raise ValueError(
-                f"{where}: the MaxText leaf {path!r} has shape {got}, but config.json "
-                f"({model.describe()}) makes it {want}; pass the config of the model the "
-                "item holds."
-            )
-
-    def read(self, name: str) -> np.ndarray:
-        try:
-            leaf = self._leaves[name]
-        except KeyError:
-            raise KeyError(f"{self.where}: no tensor named {name!r}.") from None
-        model, source = self._model, self._source
-        if leaf.layer is not None:
-            ndim = len(source.infos[leaf.path].shape)
-            index = [slice(None)] * ndim
-            index[self._axis] = slice(leaf.layer, leaf.layer + 1)
-            x = np.squeeze(source.read_slice(leaf.path, tuple(index)), axis=self._axis)
-        elif leaf.kind == "embedding" and source.infos[leaf.path].shape[0] != model.vocab:
-            x = source.read_slice(leaf.path, (slice(0, model.vocab), slice(None)))
-        else:
-            x = source.array(leaf.path)
-        return model.to_torch(leaf.kind, np.asarray(x))
-
-    def array(self, name: str) -> np.ndarray:
-        return self.read(name)
+        layers = "/".join((*top, "decoder", "layers"))
+        scanned = not any(n.startswith(f"{layers}_") for n in names)
+        options["scan_layers"] = scanned
+        embedding = source.infos.get("/".join((*top, "token_embedder", "embedding")))
+        if family.scaled_embedding and embedding is not None and len(embedding.shape) == 2:
+            if embedding.shape[0] >= config["vocab_size"]:  # (MaxText pads Gemma's rows.)
+                options["maxtext_vocab_size"] = embedding.shape[0]
+        # (At the top of an item, beside the weights: a run's step, its opt_state.)
+        others: Literal["refuse", "leave"] = "refuse" if top else "leave"
+        super().__init__(source, family.table, config, options=options, prefix=top, others=others)
+        self.scanned = scanned
+        self.origins = {alias: CONFIG_FILE for alias in self.ties}
 
 
-def _under(name: str, top: tuple[str, ...]) -> bool:
-    """Whether the leaf ``name`` is one of the weights under ``top``: all of them under
-    ``params/...``; at the top of an item, those under ``decoder`` and ``token_embedder``."""
-    parts = tuple(name.split("/"))
-    if top:
-        return parts[: len(top)] == top
-    return parts[0] in ("decoder", "token_embedder")
-
-
-def _find_prefix(names: Sequence[str], where: str) -> tuple[str, ...]:
-    """Where MaxText's weights are in an item of leaves ``names``."""
-    for top in PREFIXES:
-        starts = [_render((*top, key)) + "/" for key in ("decoder", "token_embedder")]
-        if any(n.startswith(s) for n in names for s in starts):
-            return top
-    sample = ", ".join(repr(n) for n in list(names)[:3])
-    raise ValueError(
-        f"{where}: no MaxText weights: expected leaves under 'params/params/decoder/' (a "
-        f"MaxText run's items) or 'params/decoder/', found {sample or 'none'}; pass `prefix=`."
-    )
-
-
-class TorchToMaxText(_MaxTextSource):
+class TorchToMaxText(TableToFlax):
     """A Hugging Face model's tensors as the tree a MaxText run restores.
 
     Wraps a PyTorch-named source (a Hugging Face directory,
@@ -687,6 +443,7 @@ class TorchToMaxText(_MaxTextSource):
         not cover.
 
     >>> import tempfile
+    >>> import numpy as np
     >>> from safetensors.numpy import save_file
     >>> from jaxshare.formats import SafetensorsFile
     >>> config = {"model_type": "gemma", "hidden_size": 4, "num_hidden_layers": 3,
@@ -702,8 +459,6 @@ class TorchToMaxText(_MaxTextSource):
     [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
     """
 
-    flax_named = True
-
     def __init__(
         self,
         source: TensorSource,
@@ -716,138 +471,22 @@ class TorchToMaxText(_MaxTextSource):
         interleaved_rope: bool | None = None,
         maxtext_vocab_size: int | None = None,
     ) -> None:
-        model, config = self._wrap(source, config, interleaved_rope, scan_axis)
         where = source.where
+        config = source.config if config is None else config
+        family = _family(config, where)
+        assert config is not None  # (`_family` refuses anything but a mapping.)
+        options = _options(config, scan_axis, interleaved_rope, scan_layers=bool(scan_layers))
+        vocab = config["vocab_size"]
         if maxtext_vocab_size is not None and (
-            type(maxtext_vocab_size) is not int or maxtext_vocab_size < model.vocab
+            type(maxtext_vocab_size) is not int or maxtext_vocab_size < vocab
         ):
             raise ValueError(
-                f"{where}: `maxtext_vocab_size` pads the embedding's {model.vocab} rows, so it "
-                f"is an int of at least {model.vocab}; got {maxtext_vocab_size!r}."
+                f"{where}: `maxtext_vocab_size` pads the embedding's {vocab} rows, so it "
+                f"is an int of at least {vocab}; got {maxtext_vocab_size!r}."
             )
-        self._vocab = maxtext_vocab_size
-        self.path, self.kind = source.path, source.kind
-        self.parts, self.assets = source.parts, source.assets
-        self.other_files = source.other_files
-        top = tuple(prefix)
-        # MaxText path -> (kind, the Hugging Face name of each layer, or the one tensor).
-        self._plan: dict[str, tuple[Kind, tuple[str, ...], bool]] = {}
-        dtypes: dict[str, str] = {}
-        used: set[str] = set()
-        for name, path, kind, layer in _tensors(model):
-            if kind == "head" and model.tied:
-                used.add(name)  # (Written out or not: MaxText computes it from the embedding.)
-                continue
-            info = self._torch_info(name, kind, model)
-            used.add(name)
-            if layer is None or not scan_layers:
-                sub = path if layer is None else ("decoder", f"layers_{layer}", *path)
-                full = _render((*top, *sub))
-                self._plan[full] = (kind, (name,), False)
-            else:
-                full = _render((*top, "decoder", "layers", *path))
-                kind_, names, _ = self._plan.get(full, (kind, (), True))
-                self._plan[full] = (kind_, (*names, name), True)
-                first = dtypes.setdefault(full, info.dtype)
-                if info.dtype != first:
-                    raise ValueError(
-                        f"{where}: {name!r} is {info.dtype}, but layer 0's is {first}; MaxText "
-                        "stacks the layers in one array, of one dtype. Cast them first."
-                    )
-            dtypes.setdefault(full, info.dtype)
-        extra = [
-            n
-            for n in source.infos
-            if n not in used and n not in source.ties and not n.endswith(_COMPUTED)
-        ]
-        if extra:
-            raise ValueError(
-                f"{where}: the tensor {extra[0]!r} has no place in MaxText's "
-                f"{model.family.decoder_block} layout of {model.model_type} (no biases, "
-                "adapters or heads of other tasks); convert the plain causal LM."
-            )
-        infos: dict[str, ArrayInfo] = {}
-        for full in sorted(self._plan):
-            kind, names, stacked = self._plan[full]
-            shape = model.maxtext_shape(kind, self._vocab)
-            if stacked:
-                shape = _stacked(shape, self._axis, model.layers)
-            infos[full] = ArrayInfo(shape, dtypes[full])
-        self.infos = infos
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def _torch_info(self, name: str, kind: Kind, model: _Model) -> ArrayInfo:
-        """The info of the Hugging Face tensor ``name``, checked against the config."""
-        source, where = self._source, self._source.where
-        stored = name if name in source.infos else source.ties.get(name)
-        if stored is None or stored not in source.infos:
-            raise ValueError(
-                f"{where}: the tensor {name!r} of MaxText's {model.family.decoder_block} layout "
-                f"is missing; a {model.model_type} model with this config.json holds it."
-            )
-        info = source.infos[stored]
-        want = model.torch_shape(kind)
-        got = tuple(info.shape)
-        if stored != name and (perm := source.ties.transform(name)) is not None:
-            got = tuple(got[p] for p in perm)
-        if got != want:
-            raise ValueError(
-                f"{where}: the tensor {name!r} has shape {got}, but config.json "
-                f"({model.describe()}) makes it {want}; pass the model's own config.json."
-            )
-        return info
-
-    def _torch_array(self, name: str) -> np.ndarray:
-        source = self._source
-        if name in source.infos:
-            return np.asarray(source.array(name))
-        canonical = source.ties[name]
-        x = np.asarray(source.array(canonical))
-        perm = source.ties.transform(name)
-        return x if perm is None else x.transpose(perm)
-
-    def _entry(self, name: str) -> tuple[Kind, tuple[str, ...], bool]:
-        try:
-            return self._plan[name]
-        except KeyError:
-            raise KeyError(f"{self.where}: no tensor named {name!r}.") from None
-
-    def read(self, name: str) -> np.ndarray:
-        return self.array(name)
-
-    def array(self, name: str) -> np.ndarray:
-        kind, names, stacked = self._entry(name)
-        if not stacked:
-            return self._model.to_maxtext(kind, self._torch_array(names[0]), self._vocab)
-        return self._layers(name, range(len(names)))
-
-    def read_slice(self, name: str, index: Index) -> np.ndarray:
-        """``array(name)[index]``, converting only the layers ``index`` covers."""
-        kind, names, stacked = self._entry(name)
-        if not stacked:
-            return np.asarray(self.array(name)[index])
-        info = self.infos[name]
-        full = (*index, *(slice(None),) * (len(info.shape) - len(index)))
-        chosen = range(len(names))[full[self._axis]]
-        x = self._layers(name, chosen)
-        rest = tuple(slice(None) if k == self._axis else s for k, s in enumerate(full))
-        return np.ascontiguousarray(x[rest])
-
-    def _layers(self, name: str, layers: range) -> np.ndarray:
-        """The stacked leaf ``name``'s ``layers``, filled one layer at a time."""
-        kind, names, _ = self._plan[name]
-        info = self.infos[name]
-        shape = list(info.shape)
-        shape[self._axis] = len(layers)
-        out = np.empty(shape, numpy_dtype(info.dtype))
-        at: list[Any] = [slice(None)] * len(shape)
-        for j, i in enumerate(layers):
-            at[self._axis] = j
-            out[tuple(at)] = self._model.to_maxtext(kind, self._torch_array(names[i]))
-        return out
+        options["maxtext_vocab_size"] = maxtext_vocab_size
+        super().__init__(source, family.table, config, options=options, prefix=tuple(prefix))
+        self.infos = dict(sorted(self.infos.items()))  # (By path, as MaxText's trees list.)
 
 
 def maxtext_view(source: TensorSource, config: Mapping[str, Any] | None = None) -> TensorSource:

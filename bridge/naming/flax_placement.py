@@ -418,7 +418,9 @@ def place_source(
         ties = AliasMap(kept, transforms=transforms, naming=ties.naming)
     leaves = torch_leaves(source, rules, ties, guess=tree is None)
     leaves = [leaf for leaf in leaves if leaf.key not in left_out]
-    plan = place_leaves(leaves, ties, tree, rules, ties.naming)
+    # A Flax port's own params (no collection) hold no alias: its model computes each.
+    computed = layout is not None and not as_layout(layout).collections
+    plan = place_leaves(leaves, ties, tree, rules, ties.naming, computed=computed)
     return plan if source is given else dataclasses.replace(plan, reads=source)
 
 
@@ -522,6 +524,8 @@ def place_leaves(
     like: LikeTree | None,
     rules: Rules,
     naming: NamingRecord | None = None,
+    *,
+    computed: bool = False,
 ) -> FlaxPlacement:
     """Places every leaf in Flax paths and turns the PyTorch ties into an alias map.
 
@@ -530,6 +534,13 @@ def place_leaves(
     ``like`` (or whose layer is unknown) takes its canonical's Flax leaf name
     and axis order at its own module path; one whose layer is known takes the
     rules' name for it.
+
+    An alias is *implicit* (:attr:`jaxshare.AliasMap.implicit`, marked in the
+    alias map and the naming record) where the Flax tree holds no leaf for it:
+    its path is not in ``like`` (nor one an NNX graph shares); ``computed`` is
+    set (a Flax port's own params, whose model computes every tie: the
+    transformers-flax layout); or the recorded ``naming`` that places it marks
+    it so.
     """
     groups: dict[str, list[str]] = {}
     for alias, canonical in aliases.items():
@@ -555,6 +566,8 @@ def place_leaves(
     amap: dict[str, str] = {}
     transforms: dict[str, Perm | None] = {}
     alias_keys: set[str] = set()
+    implicit: set[str] = set()
+    marked = naming.implicit if naming is not None and recorded is not None else frozenset()
     copies: dict[str, tuple[str, Perm | None]] = {}
     for members in groups.values():
         members.sort(key=order.__getitem__)
@@ -585,6 +598,9 @@ def place_leaves(
             alias_keys.add(key)
             amap[place.name] = canonical.name
             transforms[place.name] = compose(_root_perm(place, key, aliases), from_root)
+            unplaced = like is not None and place.path not in like.index
+            if computed or unplaced or place.name in marked:
+                implicit.add(place.name)  # (No leaf of the Flax tree: its model computes it.)
     taken: dict[FlaxPath, str] = {}
     for key, place in places.items():  # (`place` has reported collisions among placed tensors)
         other = taken.setdefault(place.path, key)
@@ -604,9 +620,10 @@ def place_leaves(
         )
     stored = [leaf.key for leaf in leaves if leaf.key not in alias_keys]
     record = NamingRecord(
-        {places[leaf.key].name: (leaf.key, places[leaf.key].perm) for leaf in leaves}
+        {places[leaf.key].name: (leaf.key, places[leaf.key].perm) for leaf in leaves},
+        implicit=implicit,
     )
-    alias_map = AliasMap(amap, transforms=transforms, naming=record)
+    alias_map = AliasMap(amap, transforms=transforms, naming=record, implicit=implicit)
     return FlaxPlacement(places, stored, alias_map, like, copies)
 
 

@@ -19,7 +19,7 @@ from bridge.layouts.rules import Rules
 from bridge.naming.flax_placement import FlaxPlacement, Place, place_source
 from bridge.naming.torch_naming import torch_plan
 from jaxshare import AliasMap
-from jaxshare.internal import PlannedSource, split
+from jaxshare.internal import PlannedSource, render, split
 from jaxshare.stream import TensorSource
 
 __all__ = ["place_any"]
@@ -33,11 +33,10 @@ def place_any(
     in the layout asked for (``layout`` unset or its own, no ``like``), else through
     its PyTorch names."""
     chosen = None if layout is None else as_layout(layout)
-    if chosen is not None and chosen.view is not None:  # (MaxText: a view, not rules.)
-        if like is not None:
-            raise ValueError(f"`like=` places by rules, which the {chosen.name} layout is not.")
+    if chosen is not None and chosen.view is not None:  # (MaxText, tables: a view, not rules.)
         source = source if source.flax_named else chosen.view(source, None)
-        return _as_is(source), source
+        placed = _as_is(source)
+        return (placed if like is None else _in_like(placed, source, like, chosen)), source
     if source.flax_named:
         kept = _kept_as_is(source, like, layout)
         if kept is not None:
@@ -45,6 +44,42 @@ def place_any(
         source = _in_torch_names(source, rules)
     placed = place_source(source, like=like, rules=rules, layout=layout)
     return placed, placed.reads or source
+
+
+def _in_like(
+    placed: FlaxPlacement, source: TensorSource, like: Any, layout: Layout
+) -> FlaxPlacement:
+    """``placed`` (a view's leaves at their own paths) in the target tree ``like``:
+    every leaf of the view a leaf of ``like`` of its shape, every leaf of ``like``
+    filled.
+
+    Raises:
+      ValueError: one line naming the first leaf that disagrees.
+    """
+    from bridge.naming.like import like_tree  # (JAX: `like` is a Flax tree.)
+
+    tree = like_tree(like)
+    where = f"{source.where}: the {layout.name} layout"
+    for name in placed.stored:
+        path, shape = split(name), tuple(source.infos[name].shape)
+        if path not in tree.shapes:
+            raise ValueError(
+                f"{where} makes the leaf {name!r} {shape}, which `like` lacks; pass the model "
+                "of the checkpoint's config.json."
+            )
+        if tree.shapes[path] != shape:
+            raise ValueError(
+                f"{where} makes the leaf {name!r} {shape}, but `like` holds it as "
+                f"{tree.shapes[path]}; pass the model of the checkpoint's config.json."
+            )
+    filled = {split(name) for name in placed.stored}
+    empty = [render(p) for p in tree.shapes if p not in filled]
+    if empty:
+        raise ValueError(
+            f"{where} fills no tensor into {len(empty)} leaves of `like`, first {empty[0]!r}; "
+            "pass the checkpoint the model was made for."
+        )
+    return dataclasses.replace(placed, like=tree)
 
 
 def _kept_as_is(

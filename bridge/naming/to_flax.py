@@ -137,7 +137,9 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
     """The array of ``key`` in Flax axis order, built on ``sharding``'s devices with
     ``jax.make_array_from_callback``: each addressable device's block is read as the
     matching slice of the PyTorch tensor (transposed where the axis order differs), and
-    a block several local devices hold is read once."""
+    a block several local devices hold is read once. The blocks may be views of the
+    source's files (:meth:`TensorSource.slice_view`): the caller waits for the arrays
+    before the source closes."""
     info = source.infos[key]
     shape = permute_shape(info.shape, perm)
     inv = inverse(perm)
@@ -148,8 +150,10 @@ def _sharded_array(source: TensorSource, key: str, perm: Perm | None, sharding: 
         if bounds not in blocks:
             flax_index = tuple(slice(*b) for b in bounds)
             torch_index = flax_index if inv is None else tuple(flax_index[i] for i in inv)
-            data = source.read_slice(key, torch_index)
-            blocks[bounds] = data if perm is None else np.ascontiguousarray(data.transpose(perm))
+            # A view of the file where the source maps one: the device's buffer is its
+            # one copy (transposed on the way, in XLA's tiles).
+            data = source.slice_view(key, torch_index)
+            blocks[bounds] = data if perm is None else data.transpose(perm)
         return blocks[bounds]
 
     # (jax annotates the callback as taking `Index | None`, but never passes None.)
@@ -162,14 +166,15 @@ def _with_aliases(
     keep: Callable[[tuple[str, ...]], bool],
 ) -> dict[tuple[str, ...], Any]:
     """``stored`` plus the value of every alias ``keep`` accepts: the canonical's
-    very object, or one transposed copy per (canonical, permutation)."""
+    very object, or one transposed copy per (canonical, permutation). An implicit
+    alias (the model computes it) is never a leaf."""
     out = dict(stored)
     amap = plan.alias_map
     paths = {place.name: place.path for place in plan.places.values()}
     transposed: dict[tuple[tuple[str, ...], Perm], Any] = {}
     for alias, canonical in amap.items():
         path, base = paths[alias], paths[canonical]
-        if not keep(path):
+        if not keep(path) or alias in amap.implicit:
             continue
         perm = amap.transform(alias)
         value = stored[base]

@@ -221,7 +221,10 @@ class TorchNaming:
                 compose(inverse(a_perm), flax_ties.transform(alias)), c_perm
             )
         aliases.update(self.fills)
-        naming = NamingRecord({p: self.names[p] for p in self.order})
+        # (The Flax paths the model computes stay marked so in the record: read back
+        # into Flax, they are ties again, and no leaves.)
+        implicit = [p for p in self.order if p in flax_ties.implicit]
+        naming = NamingRecord({p: self.names[p] for p in self.order}, implicit=implicit)
         return Plan(tuple(entries), AliasMap(aliases, transforms=transforms, naming=naming))
 
 
@@ -463,7 +466,12 @@ def _merge(primary: AliasMap | None, extra: AliasMap) -> AliasMap:
     for alias, canonical in extra.items():
         if alias not in pairs and canonical not in pairs:
             pairs[alias] = canonical
-    return AliasMap(pairs, transforms=primary.transforms, naming=primary.naming or extra.naming)
+    return AliasMap(
+        pairs,
+        transforms=primary.transforms,
+        naming=primary.naming or extra.naming,
+        implicit=primary.implicit,
+    )
 
 
 def torch_alias_map(

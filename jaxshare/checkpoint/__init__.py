@@ -26,6 +26,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.checkpoint._inspect import inspect as inspect
     from jaxshare.checkpoint._source import CheckpointSource as CheckpointSource
     from jaxshare.checkpoint._source import open_source as open_source
+    from jaxshare.checkpoint._tree import TreeSource as TreeSource
     from jaxshare.checkpoint._stream import write_item as write_item
     from jaxshare.checkpoint._reader import READER as READER
 
@@ -38,6 +39,7 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare.checkpoint._handler": ["SharedCheckpointHandler", "SharedRestore", "SharedSave"],
         "jaxshare.checkpoint._inspect": ["inspect"],
         "jaxshare.checkpoint._source": ["CheckpointSource", "open_source"],
+        "jaxshare.checkpoint._tree": ["TreeSource"],
         "jaxshare.checkpoint._stream": ["write_item"],
     },
 )

@@ -31,8 +31,27 @@ from jaxshare.internal import UsageError, missing_extra
 __all__ = ["build_parser", "main"]
 
 
+def _layout_arg(value: str) -> str:
+    """``--layout``: a layout's name or a layout file."""
+    if value in bridge.LAYOUTS or value.endswith((".toml", ".json")):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not one of {', '.join(sorted(bridge.LAYOUTS))}, nor a .toml or .json file"
+    )
+
+
+def _layout_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument(
+        "--layout",
+        type=_layout_arg,
+        default=None,
+        metavar="{" + ",".join(sorted(bridge.LAYOUTS)) + "} or FILE",
+        help=help,
+    )
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    report = bridge.inspect(args.path)
+    report = bridge.inspect(args.path, layout=args.layout, config=args.config)
     if args.json:
         print(report.to_json())
     else:
@@ -114,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
         "directory, an index .json, .safetensors, .pt, .bin, .pth or a Flax .msgpack",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _layout_option(
+        p,
+        "also show, for each tensor, the leaf of this layout (a name, or a .toml or .json "
+        "file) it goes to and the entry that places it",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG",
+        help="the model's config.json (file or directory) where the input holds none, for --layout",
+    )
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser(
@@ -150,12 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="naming of a .safetensors output: Flax '/' paths or PyTorch names "
         "(default: the input's own)",
     )
-    p.add_argument(
-        "--layout",
-        choices=sorted(bridge.LAYOUTS),
-        default=None,
-        help="the Flax layout of a conversion between PyTorch and Flax names "
-        "(default: what the Flax tree and its config.json show, else jaxshare)",
+    _layout_option(
+        p,
+        "the Flax layout of a conversion between PyTorch and Flax names, by name or a layout "
+        "file (.toml, .json: docs/your-own-model.md) (default: what the Flax tree and its "
+        "config.json show, else jaxshare)",
     )
     p.add_argument(
         "--stack",

@@ -180,6 +180,15 @@ class TensorSource(abc.ABC):
         a tensor without the rest (a mapped file) read only those bytes."""
         return np.asarray(self.read(name)[index])
 
+    def slice_view(self, name: str, index: Index) -> np.ndarray:
+        """``read(name)[index]``, a view of the source's own memory where it has it (a
+        mapped file's pages): valid while the source is open, and never to be
+        written to. Where it holds none, what :meth:`read_slice` reads (the default).
+        A reader that hands the block on to be copied once (a device's block of a
+        sharded array) reads through it; one that keeps what it reads, through
+        :meth:`read_slice`."""
+        return self.read_slice(name, index)
+
     def chunk_lines(self) -> tuple[str, ...]:
         """How the tensors are split across the files, one line per tensor, for
         reports (a DCP folder's chunks); none where each is stored whole."""

@@ -8,14 +8,18 @@ against them, read at test time:
 
 - a transformers 5 directory placed in the layout gives exactly the Flax tree,
   with the heads the Flax port computes (GPT-2's ``lm_head``, BERT's decoder) as
-  aliases, by the library and through ``jaxshare convert`` into an Orbax item a plain
-  Orbax restore reads;
+  implicit aliases, by the library and through ``jaxshare convert`` into an Orbax item
+  that plain Orbax, ``jaxshare.checkpoint.restore`` and ``consolidate`` read as that
+  tree;
 - the Flax params in a plain Orbax item convert to a directory transformers 5 loads
   with no missing or unexpected keys and the Flax model's outputs, holding exactly
-  the names ``save_pretrained`` writes;
+  the names ``save_pretrained`` writes; under a linen ``params`` collection they do
+  so with no ``--layout`` (the model class finds the layout), bit for bit, while
+  jaxshare's own layout under ``params`` converts back as before;
 - directory -> item -> directory is bit exact;
 - what a family's Flax port does otherwise (:data:`QUIRKS`) comes out as its one
-  warning, and a tree that fits no layout is one line naming the leaf.
+  warning (a Llama head trained apart from a tied embedding is kept, the config
+  untied), and a tree that fits no layout is one line naming the leaf.
 
 A parameter registered twice under one parent (``self.b = self.a``) gets a Flax name
 of its own and comes back as one tensor.
@@ -36,11 +40,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.numpy import load_file
 from safetensors.torch import load_file as load_tensors
 from torch import nn
 
 import bridge
+from jaxshare import checkpoint
 from jaxshare.cli import main
 from jaxshare.internal import nest
 
@@ -84,7 +91,6 @@ class Quirk:
 
 
 POOLER = ("bert.pooler.weight", "bert.pooler.bias")
-SAME_HEAD = ("'lm_head.weight'", "is left out", "same values")
 QUIRKS = {
     # Sinusoidal positions: Flax Pegasus computes them.
     "pegasus": Quirk(
@@ -92,8 +98,8 @@ QUIRKS = {
     ),
     # BigBirdForMaskedLM's pooler is unused; FlaxBigBirdForMaskedLM has none.
     "big_bird": Quirk(unused=POOLER, to_flax_warns=POOLER, to_hf_warns=POOLER, back_warns=POOLER),
-    # Flax Llama holds its head as a leaf even when tied; transformers ties it on load.
-    "llama": Quirk(to_hf_warns=SAME_HEAD, back_warns=SAME_HEAD),
+    # Flax Llama holds its head as a leaf even when tied: here the embedding's bits,
+    # transposed (as `from_pt=True` makes it), so the tie stays as it is, no line.
     # transformers 5 ties mT5's head whatever config.json says, but for a file that
     # holds both with values of their own: Flax mT5's own head.
     "mt5": Quirk(
@@ -261,7 +267,8 @@ def test_directory_to_layout_is_the_flax_tree(hf, flat, name):
     leaves = flat(variables)
     assert shapes(leaves) == directory_tree(name)
     assert not set(aliases) & set(leaves)  # An alias has no leaf...
-    assert set(aliases.values()) <= set(leaves)  # ...its canonical has.
+    assert aliases.implicit == set(aliases)  # ...it is implicit: the model computes it...
+    assert set(aliases.values()) <= set(leaves)  # ...from its canonical, which has.
     # Every tensor of the directory or tied to one is a leaf or an alias, but what
     # the Flax port lacks.
     ties = bridge.shared_params(built.model)
@@ -284,6 +291,243 @@ def test_the_commands_item_restores_in_plain_orbax_as_the_flax_tree(item, flat, 
         restored = checkpointer.restore(path.absolute())
     assert "params" not in restored  # The Flax model's own tree: no collection on top.
     assert shapes(flat(restored)) == directory_tree(name)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_an_implicit_tie_is_recorded_and_never_a_leaf_of_the_restored_tree(hf, item, flat, name):
+    """The heads the Flax port computes (GPT-2's ``lm_head``, BERT's decoder) are in the
+    item's alias map and naming record, marked implicit: ``restore``, ``consolidate``
+    and ``to_flax`` of the item give exactly the Flax model's ``params`` tree (as
+    transformers 4.57 recorded it), and the way out to PyTorch names re-creates them."""
+    path, _ = item(name)
+    want = directory_tree(name)
+    stored = checkpoint.read_alias_map(path)
+    assert stored.implicit == set(stored)  # The port computes every tie it has.
+    assert stored.naming is not None and stored.naming.implicit == set(stored)
+    if name in IMPLICIT_TIES:
+        assert dict(stored) == IMPLICIT_TIES[name]
+    restored = checkpoint.restore(path)
+    assert shapes(flat(restored)) == want
+    assert shapes(checkpoint.consolidate(path)) == want
+    variables, aliases = bridge.to_flax(path)
+    assert shapes(flat(variables)) == want and aliases.implicit == stored.implicit
+    # In PyTorch names every alias is there again: the PyTorch model's own tensor.
+    state, model = bridge.to_torch(restored, stored), hf(name).model.state_dict()
+    for alias in stored:
+        name_of = stored.naming[alias].torch
+        assert torch.equal(state[name_of], model[name_of]), name_of
+
+
+# -- Flax params under a linen `params` collection: the layout is found ----------------
+
+
+def _linen(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``{"params": params}``, as a linen training loop saves a Flax model's params."""
+    return {f"params/{path}": value for path, value in params.items()}
+
+
+def _same_lines(lines: list[str], out: Path, other: list[str], other_out: Path) -> None:
+    assert [x.replace(str(out), "OUT") for x in lines] == [
+        x.replace(str(other_out), "OUT") for x in other
+    ]
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_flax_params_under_a_linen_collection_convert_with_no_layout(name, tmp_path):
+    """``{"params": params}`` of a Flax model with its ``config.json`` is found in the
+    transformers-flax layout (the config's model class fits that layout's names and
+    shapes): no ``--layout``, bit for bit what ``--layout transformers-flax`` writes."""
+    fixture = FIXTURES / name
+    linen = save_plain(_linen(load_file(fixture / "params.safetensors")), tmp_path / "linen")
+    config = fixture / "config.json"
+    found, given = tmp_path / "found", tmp_path / "given"
+    status, err = convert(linen, found, "--format", "hf", "--config", config)
+    assert status == 0, err
+    shown(err, quirk(name).to_hf_warns)
+    explicit = ("--layout", "transformers-flax")
+    status, err_given = convert(linen, given, "--format", "hf", "--config", config, *explicit)
+    assert status == 0, err_given
+    _same_lines(err, found, err_given, given)
+    want, got = tensors(given), tensors(found)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+    assert (found / "config.json").read_bytes() == (given / "config.json").read_bytes()
+
+
+def test_flax_params_under_a_linen_collection_in_a_msgpack_file(hf, tmp_path):
+    """The same from a Flax msgpack file (``flax.serialization.to_bytes``), the model's
+    outputs included."""
+    from flax import serialization
+
+    params = nest(_linen(load_file(FIXTURES / "gpt2" / "params.safetensors")))
+    weights = tmp_path / "gpt2.msgpack"
+    weights.write_bytes(serialization.to_bytes(params))
+    out = tmp_path / "hf"
+    status, err = convert(weights, out, "--format", "hf", "--config", FIXTURES / "gpt2")
+    assert (status, err) == (0, [])
+    loaded, info = type(hf("gpt2").model).from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    want = load_file(FIXTURES / "gpt2" / "logits.safetensors")["logits"]
+    assert float(np.abs(outputs(loaded.eval(), "gpt2")["logits"] - want).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_jaxshare_s_own_layout_under_params_converts_as_before(hf, name, tmp_path):
+    """jaxshare's own layout starts with ``params/`` too: the same tree for most models
+    (GPT-2's ``Conv1D`` kernels are the other way round). A plain item of it (no naming
+    record) converts back to the directory it came from, bit for bit."""
+    built = hf(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (What a port lacks: tested above.)
+        variables, _ = bridge.to_flax(built.directory)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save((tmp_path / "item").absolute(), variables)
+    out = tmp_path / "hf"
+    status, err = convert(tmp_path / "item", out, "--format", "hf", "--config", built.directory)
+    assert status == 0, err
+    want, got = tensors(built.directory), tensors(out)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+
+
+def _fits(answer: bool | None) -> Callable[[bridge.Layout], bool] | None:
+    return None if answer is None else lambda layout: answer
+
+
+GPT2 = {"model_type": "gpt2"}
+DETECTED = [
+    # paths, config, what the model class says of the transformers-flax layout, found
+    (["transformer/wte/embedding"], GPT2, None, "transformers-flax"),
+    (["transformer/wte/embedding"], GPT2, False, "transformers-flax"),
+    (["params/transformer/wte/embedding"], GPT2, None, None),
+    (["params/transformer/wte/embedding"], GPT2, True, "transformers-flax"),
+    (["params/transformer/wte/embedding"], GPT2, False, None),
+    (["params/bn/scale", "batch_stats/bn/mean"], GPT2, True, None),
+    (["buffers/x"], GPT2, True, None),
+    (["transformer/wte/embedding"], None, True, None),
+    (["params/transformer/wte/embedding"], None, True, None),
+    ([], GPT2, True, None),
+]
+
+
+@pytest.mark.parametrize("paths, config, fits, want", DETECTED)
+def test_the_layout_is_found_by_the_top_and_the_model_class(paths, config, fits, want):
+    asked: list[str] = []
+
+    def recording(layout: bridge.Layout) -> bool:
+        asked.append(layout.name)
+        return bool(fits)
+
+    found = bridge.detect_layout(None, paths, config, fits=None if fits is None else recording)
+    assert (found and found.name) == want
+    # The model class is asked only of a tree under `params/` alone, for one layout.
+    linen = config is not None and {p.split("/")[0] for p in paths} == {"params"}
+    assert asked == (["transformers-flax"] if linen and fits is not None else [])
+    assert bridge.detect_layout("jaxshare", paths, config, fits=recording).name == "jaxshare"
+
+
+TOPS = st.sampled_from(["params", "batch_stats", "buffers", "model", "lm_head"])
+
+
+@given(
+    tops=st.lists(TOPS, min_size=1, max_size=4),
+    config=st.sampled_from([None, GPT2, {"model_type": "llama"}]),
+    fits=st.sampled_from([None, True, False]),
+)
+def test_a_tree_is_found_in_the_layout_only_where_its_top_or_the_model_says_so(tops, config, fits):
+    paths = [f"{top}/w/kernel" for top in tops]
+    found = bridge.detect_layout(None, paths, config, fits=_fits(fits))
+    collections = {"params", "batch_stats", "buffers"}
+    own = config is not None and not set(tops) & collections  # The Flax model's params.
+    linen = config is not None and set(tops) == {"params"} and fits is True
+    assert (found is not None) == (own or linen)
+    assert found is None or found.name == "transformers-flax"
+
+
+# -- a trained head the config ties -------------------------------------------------
+
+
+def _tied_config(name: str, tmp_path: Path) -> tuple[Path, dict]:
+    """The fixture's ``config.json`` with ``tie_word_embeddings: true``."""
+    cfg = json.loads((FIXTURES / name / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg, indent=2))
+    return path, cfg
+
+
+CONTAINERS = {
+    "plain": lambda params, tmp: save_plain(params, tmp / "item"),
+    "linen": lambda params, tmp: save_plain(_linen(params), tmp / "item"),
+    "tree": lambda params, tmp: nest(params),  # bridge.save_hf of the tree in memory
+}
+HEADS = [("llama_untied", c) for c in CONTAINERS] + [("mistral", "plain"), ("mistral", "linen")]
+
+
+def _save_hf(given: Path | dict, out: Path, config: Path) -> tuple[int, list[str]]:
+    if isinstance(given, Path):
+        return convert(given, out, "--format", "hf", "--config", config)
+    with recorded() as messages:
+        bridge.save_hf(out, given, config=config)
+    return 0, messages
+
+
+@pytest.mark.parametrize("name, container", HEADS, ids=["/".join(h) for h in HEADS])
+def test_a_trained_head_the_config_ties_is_kept_and_the_config_untied(name, container, tmp_path):
+    """transformers 4.57's FlaxLlamaForCausalLM (and Mistral's) computes its logits
+    with its own ``lm_head/kernel`` whatever ``tie_word_embeddings`` says: where it
+    differs from the embedding, it is written, ``config.json`` says
+    ``tie_word_embeddings: false``, and one line says so."""
+    fixture = FIXTURES / name
+    params = load_file(fixture / "params.safetensors")
+    head, embedding = params["lm_head/kernel"], params["model/embed_tokens/embedding"]
+    assert not np.array_equal(head, embedding.T)  # A head trained apart.
+    config, cfg = _tied_config(name, tmp_path)
+    out = tmp_path / "hf"
+    status, err = _save_hf(CONTAINERS[container](params, tmp_path), out, config)
+    assert status == 0, err
+    says = ("'lm_head.weight'", "tie_word_embeddings: false", "max |Δ|")
+    if container == "tree":  # (Named in PyTorch in memory: the line names the tensors.)
+        assert_warned(err, says)
+    else:  # (Read from the item: the line names its Flax leaf too.)
+        assert_warned(err, (*says, "lm_head/kernel'"), prefix="jaxshare convert: warning: ")
+    written = json.loads((out / "config.json").read_text())
+    assert written == {**cfg, "tie_word_embeddings": False}  # That alone changes.
+    stored = tensors(out)
+    assert torch.equal(stored["lm_head.weight"], torch.from_numpy(np.ascontiguousarray(head.T)))
+    assert torch.equal(stored["model.embed_tokens.weight"], torch.from_numpy(embedding))
+
+    model_class = getattr(transformers, MANIFEST[name]["torch_class"])
+    loaded, info = model_class.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    loaded.eval()
+    assert loaded.lm_head.weight.data_ptr() != loaded.get_input_embeddings().weight.data_ptr()
+    ids = torch.from_numpy(load_file(fixture / "inputs.safetensors")["input_ids"]).long()
+    with torch.no_grad():
+        logits = loaded(ids).logits
+        hidden = loaded.model(ids).last_hidden_state
+    direct = hidden @ torch.from_numpy(head)  # The head's kernel: (hidden, vocab).
+    torch.testing.assert_close(logits, direct, rtol=1e-6, atol=1e-6)
+    flax_logits = load_file(fixture / "logits.safetensors")["logits"]  # The Flax model's
+    assert float(np.abs(logits.numpy() - flax_logits).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("container", ["plain", "linen"])
+def test_a_head_that_is_the_embedding_keeps_the_tie_with_no_line(container, tmp_path):
+    """Flax Llama of a tied checkpoint holds the embedding transposed, bit for bit,
+    as its head: the tie stays as it is, ``config.json`` byte for byte, and no line."""
+    params = load_file(FIXTURES / "llama" / "params.safetensors")
+    assert np.array_equal(params["lm_head/kernel"], params["model/embed_tokens/embedding"].T)
+    config = FIXTURES / "llama" / "config.json"
+    out = tmp_path / "hf"
+    status, err = convert(
+        CONTAINERS[container](params, tmp_path), out, "--format", "hf", "--config", config
+    )
+    assert (status, err) == (0, [])
+    assert (out / "config.json").read_bytes() == config.read_bytes()
+    assert "lm_head.weight" not in tensors(out)  # As save_pretrained leaves it out.
 
 
 # -- Flax params in a plain Orbax item -> transformers 5 directory --------------------
@@ -474,7 +718,8 @@ def test_a_flax_msgpack_directory_is_the_flax_params_on_every_route(
     status, err = convert(directory, tmp_path / "torch.safetensors", "--names", "torch")
     assert status == 0, err
     # A flat file of the tree, renamed: a head the HF writer leaves out (llama's) too.
-    head = {"lm_head.weight"} if quirk(name).to_hf_warns == SAME_HEAD else set()
+    held = "lm_head/kernel" in params and "lm_head.weight" not in saved
+    head = {"lm_head.weight"} if held else set()
     assert set(load_file(tmp_path / "torch.safetensors")) == saved | head
 
 

@@ -428,6 +428,7 @@ def test_public_names() -> None:
             "SharedCheckpointHandler",
             "SharedRestore",
             "SharedSave",
+            "TreeSource",
             "consolidate",
             "consolidate_to_safetensors",
             "inspect",
