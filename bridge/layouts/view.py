@@ -22,6 +22,7 @@ holds is checked before anything is read, and each fault is one line naming it.
 from __future__ import annotations
 
 import difflib
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bridge.layouts.ops import Box, Concat, Op, Permute, Stack
+from bridge.layouts.ops import Box, Concat, Merge, Op, Permute, Split, Stack
 from bridge.layouts.table import (
     Bound,
     BoundEntry,
@@ -41,7 +42,7 @@ from bridge.layouts.table import (
     placeholders,
 )
 from jaxshare import AliasMap
-from jaxshare.internal import Index, contiguous_transpose, numpy_dtype
+from jaxshare.internal import Index, contiguous_transpose, inverse, numpy_dtype
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["TableToFlax", "TableToTorch", "pick_table", "table_view"]
@@ -102,6 +103,37 @@ def _contiguous(x: np.ndarray) -> np.ndarray:
     if base.flags.c_contiguous:
         return contiguous_transpose(base, tuple(int(k) for k in np.argsort(order)))
     return np.array(x, order="C")
+
+
+def _as_one_transpose(ops: Sequence[Op], shape: Shape) -> tuple[tuple[int, ...], Shape] | None:
+    """``ops`` undone on a leaf of ``shape`` as one transpose and a reshape, ``(perm,
+    shape after)``, where they only move, merge and split axes along the leaf's own
+    (the way back of a Tunix or MaxText kernel); ``None`` where they do more."""
+    groups = [[k] for k in range(len(shape))]  # (Each axis: the leaf's axes it runs over.)
+    for op in reversed(ops):
+        if isinstance(op, Permute):
+            groups = [groups[k] for k in inverse(op.perm) or range(len(groups))]
+        elif isinstance(op, Split):  # (Back: the split axes merged.)
+            n = len(op.into)
+            a = op.axis % (len(groups) - n + 1)
+            groups[a : a + n] = [[k for g in groups[a : a + n] for k in g]]
+        elif isinstance(op, Merge):  # (Back: one axis split along the leaf's own axes.)
+            a = op.axis % len(groups)
+            group, parts, at = groups[a], [], 0
+            for size in Split(0, op.sizes).shape((math.prod(shape[k] for k in group),)):
+                take: list[int] = []
+                while at < len(group) and math.prod(shape[k] for k in take) < size:
+                    take.append(group[at])
+                    at += 1
+                if math.prod(shape[k] for k in take) != size:
+                    return None
+                parts.append(take)
+            parts[-1].extend(group[at:])  # (Axes of size 1 left: they move nothing.)
+            groups[a : a + 1] = parts
+        else:
+            return None
+    perm = tuple(k for g in groups for k in g)
+    return perm, tuple(math.prod(shape[k] for k in g) for g in groups)
 
 
 def _extent(index: Sequence[slice], shape: Shape) -> Shape:
@@ -814,6 +846,12 @@ class TableToTorch(_TableSource):
             raise KeyError(f"{self.where}: no tensor named {name!r}.") from None
         entry, source = t.entry, self._source
         if t.part is None:
+            one = _as_one_transpose(entry.ops, t.leaf_shape)
+            if one is not None:  # (In one pass, where the source can: an item's chunks.)
+                perm, shape = one
+                moved = source.permuted_array(t.path, perm)
+                if moved is not None:
+                    return moved.reshape(shape)
             box = _box_read(entry.ops, t.shape)
             y = np.asarray(source.array(t.path) if box is None else source.read_slice(t.path, box))
             for op in reversed(entry.ops):

@@ -15,9 +15,12 @@ import numpy as np
 
 from jaxshare.internal import (
     Index,
+    Perm,
+    contiguous_transpose,
     is_nnx_module,
     is_variable,
     keypath_to_path,
+    permute_shape,
     render,
     variable_value,
 )
@@ -76,6 +79,23 @@ class TreeSource(TensorSource):
         out = np.empty(value.shape, value.dtype)
         for shard in shards:
             out[shard.index] = np.asarray(shard.data)
+        return out
+
+    def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
+        """The leaf ``name`` transposed by ``perm``, each device's block transposed
+        straight into its place (one pass: no gathered copy first)."""
+        value = self._leaves[name]
+        if not isinstance(value, jax.Array) or not value.is_fully_addressable:
+            return None
+        out = np.empty(permute_shape(value.shape, perm), value.dtype)
+        done: set[tuple[tuple[int, int, int], ...]] = set()
+        for shard in value.addressable_shards:
+            bounds = tuple(s.indices(n) for s, n in zip(shard.index, value.shape, strict=True))
+            if bounds in done:  # (A block several devices hold: once.)
+                continue
+            done.add(bounds)
+            at = tuple(slice(*bounds[k]) for k in perm)
+            contiguous_transpose(np.asarray(shard.data), perm, out=out[at])
         return out
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:

@@ -30,7 +30,7 @@ from bridge.layouts.ops import (
 )
 from bridge.layouts.sizes import Scope, evaluate
 from bridge.layouts.table import Table, read_table
-from bridge.layouts.view import TableToFlax, TableToTorch, _chain, _through
+from bridge.layouts.view import TableToFlax, TableToTorch, _as_one_transpose, _chain, _through
 from jaxshare.checkpoint import TreeSource
 from jaxshare.cli import main
 from jaxshare.formats import SafetensorsFile
@@ -87,6 +87,22 @@ def test_reshaping_ops_invert_bit_for_bit_and_map_slices(case, data) -> None:
     )
     got = _through(ops, shapes, index, lambda i: x[i])
     assert np.array_equal(got, y[index])
+
+
+@given(_reshaping_ops())
+def test_the_way_back_of_moves_and_reshapes_is_one_transpose(case) -> None:
+    """Where the ops only move, split and merge axes, their way back is one transpose
+    of the leaf and a reshape (read in one pass from a source that can)."""
+    shape, ops = case
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    y = x
+    for op in ops:
+        y = op.forward(y)
+    one = _as_one_transpose(ops, y.shape)
+    if one is None:
+        return
+    perm, back_shape = one
+    assert np.array_equal(y.transpose(perm).reshape(back_shape), x)
 
 
 @given(
