@@ -29,6 +29,12 @@ inverse in the reverse order, so a table is never written twice. The ops:
 
 Every op but a stack or concat may hold a ``when``: a condition on the config
 (``when = "interleaved_rope"``); where it is false the op is left out, both ways.
+A stack may hold one where it also says how its parts are spelled unstacked:
+``{stack = "i", axis = "param_scan_axis", when = "scan_layers", unstacked = {layers
+= "layers_{i}"}}`` stacks the layers into the entry's Flax leaf where the condition
+holds; where it does not, each layer is a leaf of its own, at the Flax path with
+its segment ``layers`` spelled ``layers_{i}`` (MaxText's scanned and unscanned
+layers, in one entry).
 Sizes, factors and axes are expressions over the config
 (:mod:`bridge.layouts.sizes`). Nothing here imports torch, transformers or JAX.
 """
@@ -43,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from bridge.layouts.sizes import Scope, evaluate
+from bridge.layouts.sizes import Scope, evaluate, names_in
 from jaxshare.internal import Index, Perm, inverse, permute_shape
 
 __all__ = [
@@ -390,10 +396,16 @@ class Pad(Op):
 @dataclass(frozen=True)
 class Stack(Op):
     """The tensors of each value of the placeholder ``over``, stacked on a new axis
-    ``axis`` (of the result; an expression, such as ``param_scan_axis``)."""
+    ``axis`` (of the result; an expression, such as ``param_scan_axis``).
+
+    ``unstacked``: ``(segment, spelling)``, for a stack with a ``when``: where the
+    condition is false, each part is a leaf of its own, at the entry's Flax path
+    with the segment ``segment`` spelled ``spelling`` (``("layers", "layers_{i}")``).
+    """
 
     over: str
     axis: Any = 0
+    unstacked: tuple[str, str] | None = None
 
     def bind(self, scope: Scope) -> Stack:
         if type(self.axis) is int:
@@ -420,7 +432,10 @@ class Stack(Op):
         return (*(slice(None),) * a, k)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stack": self.over, "axis": self.axis}
+        out: dict[str, Any] = {"stack": self.over, "axis": self.axis}
+        if self.unstacked is not None:
+            out["unstacked"] = dict([self.unstacked])
+        return out
 
 
 @dataclass(frozen=True)
@@ -649,7 +664,7 @@ OPS: Mapping[str, tuple[type[Op], tuple[str, ...]]] = {
     "split": (Split, ("into",)),
     "merge": (Merge, ("sizes",)),
     "pad": (Pad, ("size", "to")),
-    "stack": (Stack, ("axis",)),
+    "stack": (Stack, ("axis",)),  # (and `when` with `unstacked`: see Stack)
     "concat": (Concat, ("axis", "sizes")),
     "scale": (Scale, ("in", "back")),
     "divide": (Divide, ("in", "back")),
@@ -671,6 +686,8 @@ def parse_op(spec: Any, where: str) -> Op:
     >>> parse_op({"transpose": [1, 0]}, "entry 1")
     Traceback (most recent call last):
     ValueError: entry 1: an op is one of add, concat, divide, merge, ...; got {'transpose': [1, 0]}
+    >>> parse_op({"stack": "i", "when": "scan", "unstacked": {"h": "h_{i}"}}, "entry 1")
+    When(op=Stack(over='i', axis=0, unstacked=('h', 'h_{i}')), condition='scan')
     """
     try:
         return _op(spec, nested=False)
@@ -685,12 +702,17 @@ def _op(spec: Any, *, nested: bool) -> Op:
     kind = kinds[0]
     cls, keys = OPS[kind]
     combines = cls in (Stack, Concat)
-    allowed = {kind, *keys, *(() if combines or nested else ("when",))}
+    respelled = cls is Stack and "unstacked" in spec
+    allowed = {kind, *keys, *(("unstacked", "when") if respelled else ())}
+    allowed |= set() if combines or nested else {"when"}
     extra = sorted(set(spec) - allowed)
     if extra:
         also = "" if combines or nested else " (and `when`)"
+        why = ""
+        if cls is Stack and extra[0] == "when":
+            why = " without `unstacked` (how its parts are spelled where it does not apply)"
         raise ValueError(
-            f"the {kind} op takes {', '.join(keys) or 'no other key'}{also}; got {extra[0]!r}"
+            f"the {kind} op takes {', '.join(keys) or 'no other key'}{also}; got {extra[0]!r}{why}"
         )
     value = spec[kind]
     op: Op
@@ -712,7 +734,7 @@ def _op(spec: Any, *, nested: bool) -> Op:
             raise ValueError(f"{kind} names a placeholder, got {value!r}")
         axis = _axis_spec(spec.get("axis", 0))
         if cls is Stack:
-            op = Stack(value, axis)
+            op = Stack(value, axis, _unstacked(spec, value) if respelled else None)
         else:
             sizes = spec.get("sizes")
             op = Concat(value, axis, None if sizes is None else tuple(map(_size_spec, sizes)))
@@ -734,6 +756,34 @@ def _op(spec: Any, *, nested: bool) -> Op:
             raise ValueError(f"`when` is an expression string, got {when!r}")
         op = When(op, when)
     return op
+
+
+def _unstacked(spec: Mapping[str, Any], over: str) -> tuple[str, str]:
+    """A stack's ``unstacked = {segment = "spelling"}``, checked."""
+    value = spec["unstacked"]
+    if "when" not in spec:
+        raise ValueError(
+            "`unstacked` spells the parts where the stack's `when` does not hold; give it a `when`"
+        )
+    if (
+        not isinstance(value, Mapping)
+        or len(value) != 1
+        or not all(isinstance(s, str) and s and "/" not in s for s in (*value, *value.values()))
+    ):
+        raise ValueError(
+            f"`unstacked` maps one segment of the Flax path to its spelling unstacked "
+            f'({{layers = "layers_{{{over}}}"}}), got {value!r}'
+        )
+    if not isinstance(spec["when"], str):
+        raise ValueError(f"`when` is an expression string, got {spec['when']!r}")
+    names_in(spec["when"])  # (A condition that does not parse is refused at load.)
+    ((segment, spelling),) = value.items()
+    if "{" in segment or f"{{{over}}}" not in spelling:
+        raise ValueError(
+            f"`unstacked` {{{segment} = {spelling!r}}}: the segment is plain text and its "
+            f"spelling holds {{{over}}}"
+        )
+    return segment, spelling
 
 
 def _int(value: Any, what: str) -> int:

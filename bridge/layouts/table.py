@@ -7,7 +7,11 @@ Patterns hold placeholders: ``{i}`` (any placeholder without listed ``parts``)
 stands for a number, a layer's or an expert's; a placeholder with ``parts``
 (``p = ["q", "k", "v"]``) for one of the names listed. A placeholder of the
 PyTorch pattern that the Flax pattern lacks is one the entry stacks or
-concatenates over: the Flax leaf holds every value's tensor.
+concatenates over: the Flax leaf holds every value's tensor. A stack with a
+``when`` and ``unstacked`` stacks only where its condition holds; elsewhere each
+part is a leaf of its own, at the Flax path with one segment spelled as
+``unstacked`` says (MaxText's layers, scanned into ``decoder/layers/...`` or not,
+``decoder/layers_{i}/...``: one entry for both).
 
 Sizes and conditions (``when``) are expressions over the model's config
 (:mod:`bridge.layouts.sizes`), so one table serves every size of a family; a
@@ -41,6 +45,11 @@ A table loads from a mapping -- Python, a TOML or JSON file -- of this form::
     flax = "layers/{i}/attn/q/kernel"
     shape = ["num_attention_heads * head_dim", "hidden_size"]   # optional
     ops = [{permute = [1, 0]}, {split = 1, into = ["num_attention_heads", "head_dim"]}]
+
+    [[entry]]                                # scan_layers: one leaf layers/mlp/up/kernel,
+    torch = "model.layers.{i}.mlp.up_proj.weight"   # the layers on axis 0; else
+    flax = "layers/mlp/up/kernel"            # one leaf per layer, layers_{i}/mlp/up/kernel
+    ops = [{stack = "i", axis = 0, when = "scan_layers", unstacked = {layers = "layers_{i}"}}]
 
     [[entry]]
     torch = "lm_head.weight"
@@ -90,7 +99,8 @@ class Entry:
       torch: the PyTorch name pattern (``model.layers.{i}.mlp.up_proj.weight``).
       flax: the Flax path pattern, ``/``-separated (``layers/{i}/mlp/up/kernel``).
       ops: the ops from the PyTorch tensor(s) to the Flax leaf, in order; at most
-        one stack or concat, which combines the tensors of its placeholder.
+        one stack or concat, which combines the tensors of its placeholder (a stack
+        with a ``when`` only where it holds: see :attr:`unstacked`).
       parts: ``{placeholder: names}`` of the named placeholders, in stacking order. A
         named placeholder the Flax path lacks and no op combines lists other
         spellings of one tensor (``post_{p}_layernorm``, ``p = ["ffw", "ffn"]``): the
@@ -113,8 +123,38 @@ class Entry:
 
     @property
     def combine(self) -> Stack | Concat | None:
-        """The stack or concat of the entry, if any."""
-        return next((op for op in self.ops if isinstance(op, Stack | Concat)), None)
+        """The stack or concat of the entry, if any (with a ``when`` or not)."""
+        ops = (op.op if isinstance(op, When) else op for op in self.ops)
+        return next((op for op in ops if isinstance(op, Stack | Concat)), None)
+
+    @property
+    def unstacked(self) -> str | None:
+        """The Flax path pattern of each part where the entry's stack, one with a
+        ``when`` and ``unstacked``, does not apply; ``None`` for an entry without.
+
+        >>> Entry("h.{i}.w", "layers/w", (parse_op({"stack": "i", "when": "scan",
+        ...     "unstacked": {"layers": "layers_{i}"}}, "entry 1"),)).unstacked
+        'layers_{i}/w'
+        """
+        combine = self.combine
+        if not isinstance(combine, Stack) or combine.unstacked is None or combine in self.ops:
+            return None
+        segment, spelling = combine.unstacked
+        return "/".join(spelling if s == segment else s for s in self.flax.split("/"))
+
+    def resolved(self, stacked: bool) -> Entry:
+        """The entry as it applies where its conditional stack does (``stacked``: a
+        plain stack) or does not (no stack, the :attr:`unstacked` path); the entry
+        itself where it has no such stack."""
+        flax, combine = self.unstacked, self.combine
+        if flax is None or not isinstance(combine, Stack):
+            return self
+        ops = [op for op in self.ops if not (isinstance(op, When) and op.op is combine)]
+        if not stacked:
+            return replace(self, flax=flax, ops=tuple(ops))
+        at = next(k for k, op in enumerate(self.ops) if isinstance(op, When) and op.op is combine)
+        ops.insert(at, replace(combine, unstacked=None))
+        return replace(self, ops=tuple(ops))
 
     def describe(self) -> str:
         """``torch -> flax``, as errors and ``inspect`` name the entry."""
@@ -270,6 +310,23 @@ class Table:
 
 
 def _check_entry(entry: Entry, where: str) -> None:
+    unstacked = entry.unstacked
+    if unstacked is not None:
+        _check_unstacked(entry, where)
+        _check_entry(entry.resolved(True), where)
+        _check_entry(entry.resolved(False), where)
+        return
+    for op in entry.ops:
+        if isinstance(op, When) and isinstance(op.op, Stack | Concat):
+            raise ValueError(
+                f"{where}: a stack or concat always applies, but for a stack with `unstacked`; "
+                "give the entry a `when`"
+            )
+        if isinstance(op, Stack) and op.unstacked is not None:
+            raise ValueError(
+                f"{where}: `unstacked` spells the parts where the stack's `when` does not hold; "
+                "give the stack a `when`"
+            )
     torch_names, flax_names = placeholders(entry.torch), placeholders(entry.flax)
     for pattern, names in ((entry.torch, torch_names), (entry.flax, flax_names)):
         if len(set(names)) != len(names):
@@ -301,15 +358,31 @@ def _check_entry(entry: Entry, where: str) -> None:
             raise ValueError(f"{where}: `parts` names {{{name}}}, which the torch name lacks")
         if not values or len(set(values)) != len(values):
             raise ValueError(f"{where}: `parts.{name}` must list distinct names")
-    for op in entry.ops:
-        if isinstance(op, When) and isinstance(op.op, Stack | Concat):
-            raise ValueError(f"{where}: a stack or concat always applies; give the entry a `when`")
     if entry.shape is not None and (
         not entry.shape
         or not all(isinstance(s, int | str) and not isinstance(s, bool) for s in entry.shape)
     ):
         raise ValueError(
             f"{where}: `shape` lists sizes (ints or expressions), found {entry.shape!r}"
+        )
+
+
+def _check_unstacked(entry: Entry, where: str) -> None:
+    """The checks of a stack with a ``when`` and ``unstacked`` that its two
+    resolved entries do not make."""
+    combine = entry.combine
+    assert isinstance(combine, Stack) and combine.unstacked is not None
+    segment, spelling = combine.unstacked
+    count = entry.flax.split("/").count(segment)
+    if count != 1:
+        raise ValueError(
+            f"{where}: `unstacked` respells the segment {segment!r}, which the Flax path "
+            f"{entry.flax!r} holds {'twice or more' if count else 'not'}; name one of its segments"
+        )
+    if placeholders(spelling) != [combine.over]:
+        raise ValueError(
+            f"{where}: `unstacked` spells {segment!r} as {spelling!r}, which must hold "
+            f"{{{combine.over}}}, the placeholder it stacks, and no other"
         )
 
 
@@ -651,6 +724,12 @@ class Bound:
             at = f"{self.where}: entry {k + 1} ({entry.describe()})"
             if entry.when is not None and not self._holds(entry.when, at):
                 continue
+            if entry.unstacked is not None:
+                stacked = next(
+                    op for op in entry.ops if isinstance(op, When) and op.op is entry.combine
+                )
+                entry = entry.resolved(self._holds(stacked.condition, at))
+                at = f"{self.where}: entry {k + 1} ({entry.describe()})"
             try:
                 ops = _bind_ops(entry.ops, self.scope)
                 shape = None

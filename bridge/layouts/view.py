@@ -688,7 +688,12 @@ class TableToTorch(_TableSource):
     ) -> None:
         self._wrap(source, table, config, options, prefix)
         bound, top = self.bound, self._top
-        roots = {_placeholders_free_root(e.flax) for e in table.entries}
+        roots = {
+            _placeholders_free_root(flax)
+            for e in table.entries
+            for flax in (e.flax, e.unstacked)
+            if flax is not None
+        }
         own: list[tuple[str, str]] = []
         for stored in source.infos:
             if stored in source.ties or not stored.startswith(top):

@@ -55,6 +55,7 @@ def _table(report: TieReport, terminal: bool) -> Table:
             a["path"]
             + (f" (permute {a['permute']})" if a["permute"] else "")
             + (" (written out)" if a["written_out"] else "")
+            + (" (implicit: computed, no leaf)" if a.get("implicit") else "")
             for a in group["aliases"]
         )
         cells = (

@@ -183,6 +183,8 @@ class TieReport:
                             "permute": list(p) if (p := self.alias_map.transform(a)) else None,
                             "written_out": a in self.written_out,
                             "origin": self.origin(a),
+                            # (Only where it is: the model computes it, no leaf holds it.)
+                            **({"implicit": True} if a in self.alias_map.implicit else {}),
                         }
                         for a in aliases
                     ],

@@ -29,7 +29,7 @@ from bridge.layouts.ops import (
     parse_op,
 )
 from bridge.layouts.sizes import Scope, evaluate
-from bridge.layouts.table import Table, read_table
+from bridge.layouts.table import Entry, Table, read_table
 from bridge.layouts.view import TableToFlax, TableToTorch, _as_one_transpose, _chain, _through
 from jaxshare.checkpoint import TreeSource
 from jaxshare.cli import main
@@ -725,3 +725,132 @@ def test_a_table_that_does_not_fit_its_shapes_is_refused_at_load(change, says) -
     with pytest.raises(ValueError) as e:
         Table.from_dict(data).bind(SIZES)
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# -- a stack with a condition: one entry for stacked and unstacked layers ------------------
+
+#: Layers stacked into ``h/w`` where ``scan`` holds, else one leaf ``h_{i}/w`` each.
+UNSTACKED = {
+    "name": "scannable",
+    "defaults": {"scan": True, "axis": 0},
+    "ranges": {"i": {"size": "layers", "noun": "layer"}},
+    "entry": [
+        {"torch": "emb.w", "flax": "emb", "shape": ["d", "d"]},
+        {
+            "torch": "h.{i}.w",
+            "flax": "h/w",
+            "shape": ["d", "d + 1"],
+            "ops": [
+                {"permute": [1, 0]},
+                {"stack": "i", "axis": "axis", "when": "scan", "unstacked": {"h": "h_{i}"}},
+            ],
+        },
+    ],
+}
+
+
+def _layers(rng: np.random.Generator, layers: int, d: int) -> dict[str, np.ndarray]:
+    out = {"emb.w": rng.standard_normal((d, d)).astype(np.float32)}
+    for i in range(layers):
+        out[f"h.{i}.w"] = rng.standard_normal((d, d + 1)).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("options", "leaves", "placed"),
+    [
+        ({}, {"emb": (3, 3), "h/w": (2, 4, 3)}, ("h/w", "entry 2 (h.{i}.w -> h/w)")),
+        ({"axis": 2}, {"emb": (3, 3), "h/w": (4, 3, 2)}, ("h/w", "entry 2 (h.{i}.w -> h/w)")),
+        ({"scan": False}, {"emb": (3, 3), "h_0/w": (4, 3), "h_1/w": (4, 3)},
+         ("h_0/w", "entry 2 (h.{i}.w -> h_{i}/w)")),
+    ],
+)  # fmt: skip
+def test_a_stack_with_a_condition_stacks_or_spells_each_part(options, leaves, placed) -> None:
+    table = Table.from_dict(UNSTACKED)
+    assert Table.from_dict(table.to_dict()) == table
+    assert table.entries[1].unstacked == "h_{i}/w"
+    sizes = {"layers": 2, "d": 3}
+    tensors = _layers(np.random.default_rng(6), 2, 3)
+    tree = TableToFlax(_Named(tensors), table, sizes, options=options)
+    assert {p: i.shape for p, i in tree.infos.items()} == leaves
+    assert tree.placed_by["h.0.w"] == placed
+    bound = table.bind(sizes, options=options)
+    assert bound.torch_shapes() == {n: x.shape for n, x in tensors.items()}
+    back = TableToTorch(TreeSource(nest({p: tree.array(p) for p in tree.infos})), table, sizes,
+                        options=options)  # fmt: skip
+    assert list(back.infos) == list(tensors)
+    for name, x in tensors.items():
+        assert np.array_equal(back.array(name), x), name
+
+
+@given(
+    layers=st.integers(1, 4),
+    d=st.integers(1, 3),
+    axis=st.integers(0, 2),
+    scan=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_stack_with_a_condition_comes_back_bit_for_bit(layers, d, axis, scan, seed) -> None:
+    table = Table.from_dict(UNSTACKED)
+    sizes, options = {"layers": layers, "d": d}, {"scan": scan, "axis": axis}
+    tensors = _layers(np.random.default_rng(seed), layers, d)
+    tree = TableToFlax(_Named(tensors), table, sizes, options=options)
+    leaves = {p: tree.array(p) for p in tree.infos}
+    parts = [tensors[f"h.{i}.w"].T for i in range(layers)]
+    if scan:
+        assert sorted(leaves) == ["emb", "h/w"]
+        assert np.array_equal(leaves["h/w"], np.stack(parts, axis))
+    else:
+        assert sorted(leaves) == ["emb", *(f"h_{i}/w" for i in range(layers))]
+        assert all(np.array_equal(leaves[f"h_{i}/w"], parts[i]) for i in range(layers))
+    back = TableToTorch(TreeSource(nest(leaves)), table, sizes, options=options)
+    assert sorted(back.infos) == sorted(tensors)
+    for name, x in tensors.items():
+        got = back.array(name)
+        assert got.dtype == x.dtype and np.array_equal(got, x), name
+
+
+@pytest.mark.parametrize(
+    ("flax", "op", "says"),
+    [
+        ("h/w", {"stack": "i", "when": "scan"},
+         "the stack op takes axis; got 'when' without `unstacked`"),
+        ("h/w", {"stack": "i", "unstacked": {"h": "h_{i}"}},
+         "`unstacked` spells the parts where the stack's `when` does not hold; give it a `when`"),
+        ("h/w", {"stack": "i", "when": "scan", "unstacked": "h_{i}"},
+         "`unstacked` maps one segment of the Flax path to its spelling unstacked"),
+        ("h/w", {"stack": "i", "when": "scan", "unstacked": {"h": "h/{i}"}},
+         "`unstacked` maps one segment of the Flax path to its spelling unstacked"),
+        ("h/w", {"stack": "i", "when": "scan", "unstacked": {"h": "h_{j}"}},
+         "`unstacked` {h = 'h_{j}'}: the segment is plain text and its spelling holds {i}"),
+        ("h/w", {"stack": "i", "when": "scan", "unstacked": {"x": "x_{i}"}},
+         "`unstacked` respells the segment 'x', which the Flax path 'h/w' holds not"),
+        ("h/h/w", {"stack": "i", "when": "scan", "unstacked": {"h": "h_{i}"}},
+         "`unstacked` respells the segment 'h', which the Flax path 'h/h/w' holds twice or more"),
+        ("h/w", {"stack": "i", "when": "scan", "unstacked": {"h": "h_{i}_{i}"}},
+         "`unstacked` spells 'h' as 'h_{i}_{i}', which must hold {i}, the placeholder it stacks, "
+         "and no other"),
+        ("h/w", {"concat": "i", "when": "scan", "unstacked": {"h": "h_{i}"}},
+         "the concat op takes axis, sizes; got 'unstacked'"),
+        ("h/w", {"stack": "i", "when": "scan unless", "unstacked": {"h": "h_{i}"}},
+         "op 1: 'scan unless' is not an expression"),
+    ],
+)  # fmt: skip
+def test_a_bad_stack_with_a_condition_is_refused_at_load_in_one_line(flax, op, says) -> None:
+    data = {"name": "t", "entry": [{"torch": "h.{i}.w", "flax": flax, "ops": [op]}]}
+    with pytest.raises(ValueError, match=r"^layout: entry 1") as e:
+        Table.from_dict(data).bind({"scan": True})
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_python_entry_with_a_conditional_stack_is_checked_alike() -> None:
+    def entry(op):
+        return Entry("h.{i}.w", "h/w", (op,))
+
+    with pytest.raises(ValueError, match=r"always applies, but for a stack with `unstacked`"):
+        Table("t", (entry(When(Stack("i"), "scan")),))
+    with pytest.raises(ValueError, match=r"`unstacked` spells the parts .* give the stack a"):
+        Table("t", (entry(Stack("i", 0, ("h", "h_{i}"))),))
+    table = Table("t", (entry(When(Stack("i", 0, ("h", "h_{i}")), "scan")),))
+    assert table.entries[0].resolved(True).ops == (Stack("i", 0),)
+    assert table.entries[0].resolved(False) == Entry("h.{i}.w", "h_{i}/w")

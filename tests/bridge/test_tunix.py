@@ -5,6 +5,7 @@ transformers 5, bit for bit; and a Tunix key mapping read as a table."""
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +118,13 @@ def test_an_item_restores_as_the_tunix_state_and_goes_back_to_transformers(
     assert sorted(got) == sorted(want)
     for path, w in want.items():
         assert got[path].dtype == w.dtype and np.array_equal(got[path], w), path
+    # A tied head (Qwen3, Llama 3) is the item's implicit alias: recorded, never a leaf.
+    groups = bridge.inspect(item).to_dict()["tie_groups"]
+    implicit = [a for g in groups for a in g["aliases"] if a.get("implicit")]
+    if config["model_type"] != "gemma3_text" and config.get("tie_word_embeddings"):
+        assert [(a["path"], a["permute"]) for a in implicit] == [("lm_head/w", [1, 0])]
+    else:
+        assert implicit == []
     # The way back: from the item (with the config), and from the model in memory.
     back = tmp_path / "back"
     assert main(["convert", str(item), str(back), "--format", "hf", "--layout", "tunix",
@@ -138,10 +146,22 @@ def test_an_item_restores_as_the_tunix_state_and_goes_back_to_transformers(
         assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == tied
 
 
+def _trainer_module(name: str) -> ModuleType:
+    """A module of Tunix's trainers, imported for this test only: taken out of
+    ``sys.modules`` again, since the harness checks that its model modules import none
+    of them (``test_tunix_harness.py``), whatever ran before in the process."""
+    before = set(sys.modules)
+    module = importlib.import_module(name)
+    for loaded in set(sys.modules) - before:
+        if loaded.startswith(("tunix.sft", "tunix.rl")):
+            del sys.modules[loaded]
+    return module
+
+
 def test_a_tunix_training_checkpoint_goes_back_to_transformers(tmp_path, tm) -> None:
     """Tunix's own CheckpointManager writes the step (``model_params``: ``nnx.state``
     whole, every leaf ending in ``value``)."""
-    checkpoint_manager = importlib.import_module("tunix.sft.checkpoint_manager")
+    checkpoint_manager = _trainer_module("tunix.sft.checkpoint_manager")
     hf = tmp_path / "hf"
     config = tm.write_hf_dir(hf, "qwen3", True)
     model = tm.tunix_load(hf, config)
