@@ -61,6 +61,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.report import format_bytes as format_bytes
     from jaxshare.core.strict_json import reading as reading
     from jaxshare.io.atomic import OutputKind as OutputKind
+    from jaxshare.io.buffers import empty_array as empty_array
     from jaxshare.io.atomic import atomic_output as atomic_output
     from jaxshare.io.atomic import check_not_an_input as check_not_an_input
     from jaxshare.io.equal import same_bytes as same_bytes
@@ -147,6 +148,7 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare.core.strict_json": ["reading"],
         # The I/O engine.
         "jaxshare.io.atomic": ["OutputKind", "atomic_output", "check_not_an_input"],
+        "jaxshare.io.buffers": ["empty_array"],
         "jaxshare.io.equal": ["same_bytes", "words"],
         "jaxshare.io.mapped": ["FileRange", "map_file"],
         "jaxshare.io.plan": ["PlannedSource"],
