@@ -194,20 +194,29 @@ class _Leaf:
     names: list[str] = field(default_factory=list)
     values: list[str | None] = field(default_factory=list)
     torch_shapes: list[Shape] = field(default_factory=list)
-    part_shapes: list[Shape] = field(default_factory=list)
+    #: Each part's shapes through the ops before the combine (the last: the part's).
+    chains: list[list[Shape]] = field(default_factory=list)
     combined: Shape = ()
-    shape: Shape = ()
+    #: The shapes from ``combined`` through the ops after it (the last: the leaf's).
+    after: list[Shape] = field(default_factory=list)
     dtype: str = ""
 
-    def after_shapes(self) -> list[Shape]:
-        return chain(self.entry.after, self.combined, "")
+    @property
+    def shape(self) -> Shape:
+        return self.after[-1]
 
     def part_index(self, k: int) -> Index:
-        combine = self.entry.combine
-        if isinstance(combine, Stack):
-            return combine.part_index(k, self.combined)
-        assert isinstance(combine, Concat)
-        return combine.part_index(k, self.combined, len(self.names))
+        return _part_index(self.entry, self.combined, len(self.names), k)
+
+
+def _part_index(entry: BoundEntry, combined: Shape, parts: int, k: int) -> Index:
+    """The index of part ``k`` of ``parts`` in a leaf whose combined shape is
+    ``combined`` (before the ops after its stack or concat)."""
+    combine = entry.combine
+    if isinstance(combine, Stack):
+        return combine.part_index(k, combined)
+    assert isinstance(combine, Concat)
+    return combine.part_index(k, combined, parts)
 
 
 def _order(entry: BoundEntry, values: list[str | None], where: str) -> list[int]:
@@ -551,15 +560,14 @@ class TableToFlax(_TableSource):
             )
         leaf.dtype = first
         leaf.torch_shapes = [tuple(info.shape) for info in infos]
-        leaf.part_shapes = [chain(entry.before, s, where)[-1] for s in leaf.torch_shapes]
+        leaf.chains = [chain(entry.before, s, where) for s in leaf.torch_shapes]
+        parts = [c[-1] for c in leaf.chains]
         combine = entry.combine
         try:
-            leaf.combined = (
-                leaf.part_shapes[0] if combine is None else combine.combined(leaf.part_shapes)
-            )
+            leaf.combined = parts[0] if combine is None else combine.combined(parts)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        leaf.shape = chain(entry.after, leaf.combined, where)[-1]
+        leaf.after = chain(entry.after, leaf.combined, where)
         back = invert_shapes(entry, leaf.shape, len(leaf.names), where)
         if back != leaf.torch_shapes:
             raise ValueError(
@@ -585,11 +593,11 @@ class TableToFlax(_TableSource):
             raise KeyError(f"{self.where}: no leaf named {name!r}.") from None
         entry = leaf.entry
         if entry.combine is None:
-            shapes = chain(entry.before, leaf.torch_shapes[0], "")
+            shapes = leaf.chains[0]
             return _through(
                 entry.before, shapes, index, lambda i: self._torch_slice(leaf.names[0], i)
             )
-        return _through(entry.after, leaf.after_shapes(), index, lambda i: self._combined(leaf, i))
+        return _through(entry.after, leaf.after, index, lambda i: self._combined(leaf, i))
 
     def _combined(self, leaf: _Leaf, index: tuple[slice, ...]) -> np.ndarray:
         """``index`` of the stacked (or concatenated) parts, reading only the parts
@@ -602,7 +610,7 @@ class TableToFlax(_TableSource):
         rest = (*index[:a], *index[a + 1 :])
         j = 0
         for k, name in enumerate(leaf.names):
-            shapes = chain(leaf.entry.before, leaf.torch_shapes[k], "")
+            shapes = leaf.chains[k]
 
             def read(i: tuple[slice, ...], name: str = name) -> np.ndarray:
                 return self._torch_slice(name, i)
@@ -866,8 +874,7 @@ class TableToTorch(_TableSource):
         assert combine is not None
         ndim = len(t.leaf_shape)
         if not entry.after:
-            leaf = _Leaf(entry, names=[name] * t.parts, combined=t.leaf_shape)
-            index = leaf.part_index(t.part)
+            index = _part_index(entry, t.leaf_shape, t.parts, t.part)
             a = combine.axis % ndim
             if isinstance(combine, Stack):  # (A slice of one, read as such, then squeezed.)
                 at = (*index[:a], slice(t.part, t.part + 1))
@@ -884,8 +891,7 @@ class TableToTorch(_TableSource):
                     full = op.backward(full)
                 self._cache = (t.path, full)
             full = self._cache[1]
-            leaf = _Leaf(entry, names=[name] * t.parts, combined=tuple(full.shape))
-            y = full[leaf.part_index(t.part)]
+            y = full[_part_index(entry, tuple(full.shape), t.parts, t.part)]
         for op in reversed(entry.before):
             y = op.backward(y)
         return _contiguous(y)
