@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
-from bridge.layouts.table import Table, read_table
+from bridge.layouts.rules import DEFAULT_RULES, TABLES, Rule, Rules, RulesArg, as_rules
+from bridge.layouts.table import Table, TableFamily, read_table
 from jaxshare.internal import split
 
 if TYPE_CHECKING:  # (The command's --help lists the layouts: no source is read then.)
@@ -58,6 +58,7 @@ __all__ = [
     "TRANSFORMERS_FLAX",
     "TRANSFORMERS_FLAX_FAMILIES",
     "TUNIX",
+    "COMPUTED",
     "Family",
     "Layout",
     "as_layout",
@@ -135,26 +136,29 @@ def _ends(name: str, end: str) -> bool:
     return name == end or name.endswith(f".{end}")
 
 
-#: A norm whose Flax port keeps its ``weight`` as ``weight`` (Llama's, T5's RMS norm):
-#: in these families every 1-D ``weight`` is such a norm's.
-_RMS_NORM = Rule("weight", "weight", ndims=(1,))
-
-#: What transformers 4.57's Flax ports do otherwise than the transformers-flax rules.
-TRANSFORMERS_FLAX_FAMILIES: tuple[Family, ...] = (
-    Family(("llama", "mistral"), rules=(_RMS_NORM,), tied_leaves=frozenset({"lm_head.weight"})),
-    Family(("gemma",), rules=(_RMS_NORM,)),
-    Family(
-        ("t5", "mt5", "longt5", "umt5"),
-        rules=(_RMS_NORM,),
-        untied_leaves=frozenset({"lm_head.weight"}),
-    ),
-    Family(("whisper",), modules=MappingProxyType({"proj_out": "lm_head"})),
-    Family(
-        ("pegasus", "marian"),
-        computed=MappingProxyType({"embed_positions.weight": sinusoidal_positions}),
-    ),
-    Family(("big_bird",), absent=MappingProxyType({"BigBirdForMaskedLM": ("bert.pooler",)})),
+#: What computes a tensor a Flax port does not hold, by the name a table's
+#: ``family.computed`` gives it.
+COMPUTED: Mapping[str, Callable[[tuple[int, ...]], np.ndarray]] = MappingProxyType(
+    {"sinusoidal_positions": sinusoidal_positions}
 )
+
+
+def _family(family: TableFamily, where: str) -> Family:
+    unknown = sorted(set(family.computed.values()) - set(COMPUTED))
+    if unknown:
+        raise ValueError(
+            f"{where}: family {family.model_types[0]!r} computes a tensor by {unknown[0]!r}, "
+            f"which is not one of {', '.join(sorted(COMPUTED))}"
+        )
+    return Family(
+        family.model_types,
+        rules=tuple(Rule.from_entry(e) for e in family.entries),
+        modules=family.modules,
+        tied_leaves=frozenset(family.tied_leaves),
+        untied_leaves=frozenset(family.untied_leaves),
+        computed=MappingProxyType({end: COMPUTED[f] for end, f in family.computed.items()}),
+        absent=family.absent,
+    )
 
 
 def _tables_view(
@@ -196,7 +200,7 @@ class Layout:
     tables: tuple[Table, ...] | Callable[[], tuple[Table, ...]] = ()
 
     def __post_init__(self) -> None:
-        if self.tables and self.view is None:
+        if self.tables and self.view is None and not _any_module(self.tables):
             object.__setattr__(self, "view", _tables_view(self))
 
     def table_list(self) -> tuple[Table, ...]:
@@ -208,13 +212,29 @@ class Layout:
         """The layout of one table (a :class:`bridge.layouts.table.Table` or its
         mapping, as a TOML or JSON file holds it).
 
+        A table of named tensors converts through its view; a table of any
+        module's leaves (``{module}.weight``) is the layout's naming rules, with
+        its families.
+
         >>> layout = Layout.from_table({"name": "mine", "entry": [
         ...     {"torch": "fc.weight", "flax": "fc/kernel", "ops": [{"permute": [1, 0]}]}]})
         >>> layout.name, layout.view is not None
         ('mine', True)
+        >>> rules = Layout.from_table({"name": "nnx", "entry": [{"torch": "{module}.weight",
+        ...     "flax": "{module}/kernel", "ops": [{"permute": "kernel"}]}]})
+        >>> rules.view is None, rules.collections, rules.rules[0].axes
+        (True, False, 'kernel')
         """
         table = table if isinstance(table, Table) else Table.from_dict(table)
-        return cls(table.name, collections=False, tables=(table,))
+        if not table.any_module:
+            return cls(table.name, collections=False, tables=(table,))
+        return cls(
+            table.name,
+            tuple(Rule.from_entry(e) for e in table.entries),
+            collections=table.collections,
+            families=tuple(_family(f, f"layout {table.name!r}") for f in table.families),
+            tables=(table,),
+        )
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Layout:
@@ -270,20 +290,20 @@ class Layout:
         )
 
 
-#: jaxshare's own layout (linen variables), the default.
-JAXSHARE = Layout("jaxshare", DEFAULT_RULES)
+def _any_module(tables: tuple[Table, ...] | Callable[[], tuple[Table, ...]]) -> bool:
+    return not callable(tables) and any(t.any_module for t in tables)
 
-#: The ``params`` trees of transformers 4.57's Flax models.
-TRANSFORMERS_FLAX = Layout(
-    "transformers-flax",
-    tuple(
-        # FlaxConv1D holds (out, in): GPT-2's Conv1D weight (in, out), transposed.
-        dataclasses.replace(rule, axes="kernel") if rule.layers == ("conv1d",) else rule
-        for rule in DEFAULT_RULES
-    ),
-    collections=False,
-    families=TRANSFORMERS_FLAX_FAMILIES,
-)
+
+#: jaxshare's own layout (linen variables), the default: ``tables/jaxshare.toml``,
+#: whose rules are :data:`bridge.DEFAULT_RULES`.
+JAXSHARE = Layout.from_table(read_table(TABLES / "jaxshare.toml"))
+
+#: The ``params`` trees of transformers 4.57's Flax models: ``tables/transformers-flax.toml``.
+TRANSFORMERS_FLAX = Layout.from_table(read_table(TABLES / "transformers-flax.toml"))
+
+#: What transformers 4.57's Flax ports do otherwise than the transformers-flax rules
+#: (its table's families).
+TRANSFORMERS_FLAX_FAMILIES: tuple[Family, ...] = TRANSFORMERS_FLAX.families
 
 
 def _maxtext_view(source: TensorSource, config: Mapping[str, Any] | None) -> TensorSource:

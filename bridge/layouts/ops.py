@@ -4,7 +4,9 @@ An entry of a table (:mod:`bridge.layouts.table`) lists the ops that take its
 PyTorch tensors to its Flax leaf, in that order; the way back applies each op's
 inverse in the reverse order, so a table is never written twice. The ops:
 
-- ``{permute = [1, 0]}``: the axes in a new order (a Linear's ``kernel``);
+- ``{permute = [1, 0]}``: the axes in a new order (a Linear's ``kernel``); in an
+  entry for any module (``{module}.weight``, whose rank the table does not fix),
+  a named order of :data:`AXES` (``{permute = "kernel"}``);
 - ``{split = 1, into = ["num_attention_heads", "head_dim"]}``: one axis as
   several (heads on axes of their own); one size may be ``-1``;
 - ``{merge = 1, sizes = ["num_attention_heads", "head_dim"]}``: consecutive axes
@@ -45,6 +47,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -53,6 +56,7 @@ from bridge.layouts.sizes import Scope, evaluate, names_in
 from jaxshare.internal import Index, Perm, inverse, permute_shape
 
 __all__ = [
+    "AXES",
     "OPS",
     "Add",
     "Concat",
@@ -659,6 +663,22 @@ class When(Op):
 
 
 #: The ops by the key that names them in a table, with the keys each takes.
+def _kernel(ndim: int) -> Perm:
+    """(O, I, *S) -> (*S, I, O): Linear (a 2-D transpose) and ConvNd."""
+    return (*range(2, ndim), 1, 0)
+
+
+def _transposed_kernel(ndim: int) -> Perm:
+    """(I, O, *S) -> (*S, I, O): ConvTransposeNd."""
+    return (*range(2, ndim), 0, 1)
+
+
+#: Named axis orders, for entries of any rank: ``ndim -> permutation`` from the
+#: PyTorch to the Flax axis order (``None``: as it is).
+AXES: Mapping[str, Callable[[int], Perm | None]] = MappingProxyType(
+    {"same": lambda ndim: None, "kernel": _kernel, "transposed_kernel": _transposed_kernel}
+)
+
 OPS: Mapping[str, tuple[type[Op], tuple[str, ...]]] = {
     "permute": (Permute, ()),
     "split": (Split, ("into",)),

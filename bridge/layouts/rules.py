@@ -4,7 +4,10 @@ A PyTorch name ``a.b.0.c.weight`` is a module path plus a leaf name; its Flax pa
 is ``params/a/b/0/c/kernel``: a collection, the same module path (``layers.0``
 becomes linen's ``layers_0`` when asked), and a leaf name chosen by an ordered
 list of :class:`Rule`. A rule also says how the axes move (``kernel`` of a
-Linear is its ``weight`` transposed).
+Linear is its ``weight`` transposed). The rules of a layout are data: the
+entries of its table for any module (``{module}.weight`` ->
+``params/{module}/kernel``, :mod:`bridge.layouts.table`), one rule each
+(:meth:`Rule.from_entry`); :data:`DEFAULT_RULES` are ``tables/jaxshare.toml``'s.
 
 Names alone are ambiguous: a 2-D ``weight`` is a Linear's (transposed), an
 Embedding's (as is) or a GPT-2 ``Conv1D``'s (already ``(in, out)``). The layer
@@ -18,11 +21,14 @@ Flax: every candidate place, best first) and :mod:`bridge.naming.torch_naming`
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from bridge.layouts.ops import AXES
+from bridge.layouts.table import Entry, read_table
 from jaxshare.internal import Perm
 
 __all__ = [
@@ -37,22 +43,6 @@ __all__ = [
     "class_kind",
     "layer_kind",
 ]
-
-
-def _kernel(ndim: int) -> Perm:
-    """(O, I, *S) -> (*S, I, O): Linear (a 2-D transpose) and ConvNd."""
-    return (*range(2, ndim), 1, 0)
-
-
-def _transposed_kernel(ndim: int) -> Perm:
-    """(I, O, *S) -> (*S, I, O): ConvTransposeNd."""
-    return (*range(2, ndim), 0, 1)
-
-
-#: Named axis orders: ``ndim -> permutation`` from the PyTorch to the Flax axis order.
-AXES: Mapping[str, Callable[[int], Perm | None]] = MappingProxyType(
-    {"same": lambda ndim: None, "kernel": _kernel, "transposed_kernel": _transposed_kernel}
-)
 
 
 _RENAMED = (
@@ -122,7 +112,33 @@ class Rule:
         return None if perm is None or perm == tuple(range(ndim)) else perm
 
     def fits(self, ndim: int) -> bool:
-        return not self.ndims or ndim in self.ndims
+        """Whether the rule is for a tensor of rank ``ndim``: one of its ``ndims``,
+        and one its axis order fits (a ``kernel`` has two axes or more).
+
+        >>> Rule("weight", "kernel", axes="kernel").fits(1)
+        False
+        """
+        perm = AXES[self.axes](ndim)
+        fits = perm is None or sorted(perm) == list(range(ndim))
+        return fits and (not self.ndims or ndim in self.ndims)
+
+    @classmethod
+    def from_entry(cls, entry: Entry) -> Rule:
+        """The rule of a table's entry of any module (``{module}.weight`` ->
+        ``params/{module}/kernel``).
+
+        >>> Rule.from_entry(Entry("{module}.weight", "{module}/scale", ndims=(1,)))
+        Rule(torch='weight', flax='scale', layers=(), ndims=(1,), axes='same', collection='params')
+        """
+        collection, torch, flax = entry.leaves
+        return cls(
+            torch,
+            flax,
+            entry.layers,
+            entry.ndims,
+            entry.axes,
+            collection or entry.collection or "params",
+        )
 
     @property
     def layout(self) -> str:
@@ -131,22 +147,14 @@ class Rule:
         return self.axes
 
 
-#: The rules, in order. See the module docstring for how they are chosen.
-DEFAULT_RULES: tuple[Rule, ...] = (
-    Rule("weight", "kernel", layers=("linear", "conv"), ndims=(2, 3, 4, 5), axes="kernel"),
-    Rule("weight", "kernel", layers=("conv_transpose",), ndims=(3, 4, 5), axes="transposed_kernel"),
-    Rule("weight", "kernel", layers=("conv1d",), ndims=(2,)),
-    Rule("weight", "embedding", layers=("embedding",), ndims=(2,)),
-    Rule("weight", "scale", layers=("norm", "batch_norm")),
-    Rule("bias", "bias"),
-    Rule("running_mean", "mean", layers=("batch_norm",), collection="batch_stats"),
-    Rule("running_var", "var", layers=("batch_norm",), collection="batch_stats"),
-    Rule(
-        "num_batches_tracked",
-        "num_batches_tracked",
-        layers=("batch_norm",),
-        collection="batch_stats",
-    ),
+#: The tables of the layouts of any module's leaves (``jaxshare.toml``,
+#: ``transformers-flax.toml``).
+TABLES = Path(__file__).parent / "tables"
+
+#: The rules, in order: the jaxshare layout's table (``tables/jaxshare.toml``). See
+#: the module docstring for how they are chosen.
+DEFAULT_RULES: tuple[Rule, ...] = tuple(
+    Rule.from_entry(entry) for entry in read_table(TABLES / "jaxshare.toml").entries
 )
 
 #: PyTorch class names (matched along the class's MRO, most derived first) -> layer kind.

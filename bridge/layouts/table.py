@@ -77,14 +77,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from bridge.layouts.ops import Concat, Op, Stack, When, parse_op
+from bridge.layouts.ops import AXES, Concat, Op, Stack, When, parse_op
 from bridge.layouts.sizes import Scope, evaluate, names_in
 
-__all__ = ["Bound", "Entry", "Range", "Table", "TableTie", "read_table"]
+__all__ = ["MODULE", "Bound", "Entry", "Range", "Table", "TableFamily", "TableTie", "read_table"]
 
 Shape = tuple[int, ...]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+#: The placeholder of any module path (``{module}.weight``): an entry holding it is
+#: a naming rule for every module's leaf of that name (:attr:`Entry.any_module`).
+MODULE = "module"
+_NAME = r"([A-Za-z_][A-Za-z0-9_]*)"
+_ANY_TORCH = re.compile(rf"\{{{MODULE}\}}\.{_NAME}")
+_ANY_FLAX = re.compile(rf"(?:{_NAME}/)?\{{{MODULE}\}}/{_NAME}")
 
 
 def placeholders(pattern: str) -> list[str]:
@@ -111,6 +118,14 @@ class Entry:
         (a head that a tied model need not hold: ``"tie_word_embeddings"``).
       shape: the shape of each of its PyTorch tensors, as expressions over the
         config; ``None``: not given (the tensors are taken as they come).
+      layers: for an entry of any module (:attr:`any_module`), the layer kinds it
+        is for (``"linear"``, ``"embedding"``: see ``bridge.DEFAULT_LAYERS``); empty
+        for any.
+      ndims: for an entry of any module, the tensor ranks it is for; empty for any.
+      axes: for an entry of any module, its permute: a named axis order of
+        :data:`bridge.layouts.ops.AXES` (``{permute = "kernel"}``).
+      collection: for an entry of any module whose Flax path has no collection
+        segment, the linen collection its leaf belongs to (NNX Variables carry it).
     """
 
     torch: str
@@ -120,6 +135,33 @@ class Entry:
     when: str | None = None
     optional: bool | str = False
     shape: tuple[int | str, ...] | None = None
+    layers: tuple[str, ...] = ()
+    ndims: tuple[int, ...] = ()
+    axes: str = "same"
+    collection: str | None = None
+
+    @property
+    def any_module(self) -> bool:
+        """Whether the entry is for a leaf of any module, ``{module}.weight`` ->
+        ``params/{module}/kernel``: a naming rule, which the layer that holds the
+        tensor (``layers``) and its rank (``ndims``) choose, not a name.
+
+        >>> Entry("{module}.weight", "params/{module}/kernel", axes="kernel").any_module
+        True
+        """
+        return f"{{{MODULE}}}" in self.torch
+
+    @property
+    def leaves(self) -> tuple[str | None, str, str]:
+        """For an entry of any module: its collection (``None``: the path has none),
+        PyTorch leaf name and Flax leaf name.
+
+        >>> Entry("{module}.weight", "params/{module}/kernel").leaves
+        ('params', 'weight', 'kernel')
+        """
+        m, n = _ANY_TORCH.fullmatch(self.torch), _ANY_FLAX.fullmatch(self.flax)
+        assert m is not None and n is not None, self
+        return n.group(1), m.group(1), n.group(2)
 
     @property
     def combine(self) -> Stack | Concat | None:
@@ -164,6 +206,13 @@ class Entry:
         out: dict[str, Any] = {"torch": self.torch, "flax": self.flax}
         if self.ops:
             out["ops"] = [op.to_dict() for op in self.ops]
+        if self.axes != "same":
+            out["ops"] = [{"permute": self.axes}]
+        for key in ("layers", "ndims"):
+            if getattr(self, key):
+                out[key] = list(getattr(self, key))
+        if self.collection is not None:
+            out["collection"] = self.collection
         if self.parts:
             out["parts"] = {k: list(v) for k, v in self.parts.items()}
         if self.when is not None:
@@ -204,6 +253,49 @@ class TableTie:
 
 
 @dataclass(frozen=True)
+class TableFamily:
+    """How one model family's Flax port differs from a table of any module's leaves
+    (transformers 4.57's Flax Llama keeps an RMS norm's ``weight``; Whisper names
+    its head ``lm_head``), found by ``config.json``'s ``model_type``.
+
+    Attributes:
+      model_types: the ``config.json`` ``model_type`` s of the family.
+      entries: entries of any module tried before the table's own.
+      modules: PyTorch module name -> Flax module name.
+      tied_leaves: PyTorch names the Flax port holds as leaves of their own even
+        when ``config.json`` ties them.
+      untied_leaves: the same, only where ``tie_word_embeddings`` is false.
+      computed: ``{end of a PyTorch name: function}``: tensors the Flax port
+        computes rather than holds, by the name of what computes them
+        (``"sinusoidal_positions"``: see ``bridge.layouts.layout.COMPUTED``).
+      absent: ``{architecture: PyTorch module names}`` its PyTorch class holds,
+        unused, and its Flax class lacks.
+    """
+
+    model_types: tuple[str, ...]
+    entries: tuple[Entry, ...] = ()
+    modules: Mapping[str, str] = field(default_factory=dict)
+    tied_leaves: tuple[str, ...] = ()
+    untied_leaves: tuple[str, ...] = ()
+    computed: Mapping[str, str] = field(default_factory=dict)
+    absent: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model_types": list(self.model_types)}
+        if self.entries:
+            out["entry"] = [e.to_dict() for e in self.entries]
+        for key in ("modules", "computed"):
+            if getattr(self, key):
+                out[key] = dict(getattr(self, key))
+        for key in ("tied_leaves", "untied_leaves"):
+            if getattr(self, key):
+                out[key] = list(getattr(self, key))
+        if self.absent:
+            out["absent"] = {k: list(v) for k, v in self.absent.items()}
+        return out
+
+
+@dataclass(frozen=True)
 class Range:
     """The values of a numbered placeholder: ``0 .. size - 1``.
 
@@ -238,6 +330,13 @@ class Table:
       ranges: ``{placeholder: Range}``: the values of numbered placeholders
         (``{i}``: the layers), so that a missing layer, or a stack of the wrong
         length, is named.
+      families: for a table of any module's leaves (:attr:`any_module`), what
+        each model family does otherwise.
+
+    A table's entries are either all for named tensors, which its own views
+    convert (:mod:`bridge.layouts.view`), or all for any module's leaves
+    (``{module}.weight``): naming rules, which ``bridge.Rules`` apply with what
+    they know of the model (its layers' classes, ``like=``, scanned stacks).
 
     >>> t = Table.from_dict({"name": "tiny", "entry": [
     ...     {"torch": "fc.weight", "flax": "fc/kernel", "ops": [{"permute": [1, 0]}]}]})
@@ -253,6 +352,7 @@ class Table:
     derived: Mapping[str, str] = field(default_factory=dict)
     ignore: tuple[str, ...] = ()
     ranges: Mapping[str, Range] = field(default_factory=dict)
+    families: tuple[TableFamily, ...] = ()
 
     def __post_init__(self) -> None:
         for k, entry in enumerate(self.entries):
@@ -261,6 +361,46 @@ class Table:
         for p in self.ranges:
             if p in named:
                 raise ValueError(f"`ranges` numbers {{{p}}}, which an entry lists `parts` of")
+        kinds = {e.any_module for e in self.entries}
+        if len(kinds) > 1:
+            raise ValueError(
+                "its entries are either all for named tensors or all for any module's leaves "
+                f"({{{MODULE}}}); found both"
+            )
+        family_entries = [e for f in self.families for e in f.entries]
+        if not self.any_module:
+            if self.families:
+                raise ValueError(
+                    f"`family` is for a table of any module's leaves ({{{MODULE}}}.weight)"
+                )
+            return
+        rest = [
+            key for key in ("ties", "defaults", "derived", "ignore", "ranges") if getattr(self, key)
+        ]
+        if rest:
+            raise ValueError(
+                f"a table of any module's leaves ({{{MODULE}}}.weight) takes name, entry and "
+                f"family; found {rest[0].rstrip('s') if rest[0] == 'ties' else rest[0]!r}"
+            )
+        for entry in family_entries:
+            if not entry.any_module:
+                raise ValueError(f"a family's entry {entry.torch!r} is not for any module")
+        tops = {e.leaves[0] is None for e in (*self.entries, *family_entries)}
+        if len(tops) > 1:
+            raise ValueError(
+                "its Flax paths either all start with a collection (params/{module}/kernel) "
+                "or none does; found both"
+            )
+
+    @property
+    def any_module(self) -> bool:
+        """Whether its entries are for any module's leaves (naming rules)."""
+        return bool(self.entries) and self.entries[0].any_module
+
+    @property
+    def collections(self) -> bool:
+        """Whether its Flax paths start with a linen collection (``params/...``)."""
+        return not self.any_module or self.entries[0].leaves[0] is not None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "layout") -> Table:
@@ -288,6 +428,8 @@ class Table:
         out["entry"] = [e.to_dict() for e in self.entries]
         if self.ties:
             out["tie"] = [t.to_dict() for t in self.ties]
+        if self.families:
+            out["family"] = [f.to_dict() for f in self.families]
         return out
 
     def bind(
@@ -304,12 +446,23 @@ class Table:
         Raises:
           ValueError: one line: a size or condition that reads what the config does
             not set, a size that is not a positive int, an entry whose ops do not
-            invert on the shapes it gives.
+            invert on the shapes it gives; a table of any module's leaves, which
+            naming rules apply, not a bound table.
         """
+        if self.any_module:
+            raise ValueError(
+                f"{where or self.name}: a table of any module's leaves ({{{MODULE}}}.weight) "
+                "names tensors by rules (bridge.Layout.from_table), not by binding"
+            )
         return Bound(self, config, where, options=options)
 
 
 def _check_entry(entry: Entry, where: str) -> None:
+    if entry.any_module or entry.layers or entry.ndims or entry.axes != "same":
+        _check_any_module(entry, where)
+        return
+    if entry.collection is not None:
+        raise ValueError(f"{where}: `collection` is for an entry of any module ({{{MODULE}}})")
     unstacked = entry.unstacked
     if unstacked is not None:
         _check_unstacked(entry, where)
@@ -367,6 +520,47 @@ def _check_entry(entry: Entry, where: str) -> None:
         )
 
 
+def _check_any_module(entry: Entry, where: str) -> None:
+    """An entry of any module: ``{module}.LEAF`` -> ``[COLLECTION/]{module}/LEAF``,
+    with at most a named permute, and layers and ranks to choose it by."""
+    if not entry.any_module:
+        raise ValueError(
+            f"{where}: `layers`, `ndims` and a named permute are for an entry of any module "
+            f"({{{MODULE}}}.weight)"
+        )
+    if not _ANY_TORCH.fullmatch(entry.torch):
+        raise ValueError(
+            f"{where}: an entry of any module names a leaf of it, '{{{MODULE}}}.weight'; "
+            f"found {entry.torch!r}"
+        )
+    flax = _ANY_FLAX.fullmatch(entry.flax)
+    if flax is None:
+        raise ValueError(
+            f"{where}: its Flax path is '{{{MODULE}}}/kernel' or 'params/{{{MODULE}}}/kernel' "
+            f"(a collection first); found {entry.flax!r}"
+        )
+    if entry.collection is not None and flax.group(1) is not None:
+        raise ValueError(
+            f"{where}: `collection` is for a Flax path without one; {entry.flax!r} has "
+            f"{flax.group(1)!r}"
+        )
+    for key in ("ops", "parts", "when", "optional", "shape"):
+        if getattr(entry, key):
+            raise ValueError(
+                f"{where}: an entry of any module takes torch, flax, layers, ndims, collection "
+                f'and one permute by name (ops = [{{permute = "kernel"}}]); found {key!r}'
+            )
+    if not isinstance(entry.axes, str) or entry.axes not in AXES:
+        raise ValueError(
+            f"{where}: a permute of any module is named, one of {', '.join(sorted(AXES))}; "
+            f"found {entry.axes!r}"
+        )
+    if not all(type(n) is int and n > 0 for n in entry.ndims):
+        raise ValueError(f"{where}: `ndims` lists ranks (ints > 0), found {list(entry.ndims)!r}")
+    if not all(isinstance(k, str) and k for k in entry.layers):
+        raise ValueError(f"{where}: `layers` lists layer kinds, found {list(entry.layers)!r}")
+
+
 def _check_unstacked(entry: Entry, where: str) -> None:
     """The checks of a stack with a ``when`` and ``unstacked`` that its two
     resolved entries do not make."""
@@ -386,8 +580,16 @@ def _check_unstacked(entry: Entry, where: str) -> None:
         )
 
 
-_TABLE_KEYS = {"name", "model_types", "defaults", "derived", "ignore", "ranges", "entry", "tie"}
+_TABLE_KEYS = {
+    *("name", "model_types", "defaults", "derived", "ignore", "ranges", "entry", "tie"),
+    "family",
+}
 _ENTRY_KEYS = {"torch", "flax", "shape", "ops", "parts", "when", "optional"}
+_ANY_MODULE_KEYS = {"layers", "ndims", "collection"}
+_FAMILY_KEYS = {
+    *("model_types", "entry", "modules", "tied_leaves", "untied_leaves", "computed"),
+    "absent",
+}
 _RANGE_KEYS = {"size", "noun"}
 _TIE_KEYS = {"alias", "canonical", "implicit", "when"}
 
@@ -419,39 +621,10 @@ def _table(data: Any, where: str) -> Table:
     entries_data = data["entry"]
     if not isinstance(entries_data, list) or not entries_data:
         raise ValueError(f"{where}: `entry` must list one entry or more")
-    entries = []
-    for k, e in enumerate(entries_data):
-        at = f"{where}: entry {k + 1}"
-        e = _keys(e, _ENTRY_KEYS, ("torch", "flax"), at)
-        ops_data = e.get("ops", [])
-        if not isinstance(ops_data, list):
-            raise ValueError(f"{at}: `ops` must be a list, found {ops_data!r}")
-        parts = e.get("parts", {})
-        if not isinstance(parts, Mapping) or not all(
-            isinstance(v, list) and all(isinstance(s, str) for s in v) for v in parts.values()
-        ):
-            raise ValueError(f"{at}: `parts` maps placeholders to lists of names, found {parts!r}")
-        when = e.get("when")
-        optional = e.get("optional", False)
-        if not isinstance(optional, bool):
-            optional = _expression(optional, f"{at} (`optional`: true, false or a condition)")
-        shape = e.get("shape")
-        if shape is not None:
-            shape = tuple(
-                s if type(s) is int else _expression(s, f"{at} (`shape`)")
-                for s in _list(shape, f"{at}: `shape`")
-            )
-        entry = Entry(
-            _str(e["torch"], f"{at} (`torch`)"),
-            _str(e["flax"], f"{at} (`flax`)"),
-            tuple(parse_op(op, f"{at}, op {j + 1}") for j, op in enumerate(ops_data)),
-            MappingProxyType({k: tuple(v) for k, v in parts.items()}),
-            None if when is None else _expression(when, f"{at} (`when`)"),
-            optional,
-            shape,
-        )
-        _check_entry(entry, at)
-        entries.append(entry)
+    entries = _entries(entries_data, where)
+    families = []
+    for k, f in enumerate(_list(data.get("family", []), f"{where}: `family`")):
+        families.append(_family(f, f"{where}: family {k + 1}"))
     ties = []
     for k, t in enumerate(_list(data.get("tie", []), f"{where}: `tie`")):
         at = f"{where}: tie {k + 1}"
@@ -505,9 +678,93 @@ def _table(data: Any, where: str) -> Table:
             MappingProxyType(dict(derived)),
             tuple(_str(p, f"{where}: `ignore`") for p in _list(data.get("ignore", []), where)),
             MappingProxyType(ranges),
+            tuple(families),
         )
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _entries(data: list[Any], where: str) -> list[Entry]:
+    entries = []
+    for k, e in enumerate(data):
+        at = f"{where}: entry {k + 1}"
+        any_module = isinstance(e, Mapping) and f"{{{MODULE}}}" in str(e.get("torch", ""))
+        allowed = _ENTRY_KEYS | (_ANY_MODULE_KEYS if any_module else set())
+        e = _keys(e, allowed, ("torch", "flax"), at)
+        ops_data = e.get("ops", [])
+        if not isinstance(ops_data, list):
+            raise ValueError(f"{at}: `ops` must be a list, found {ops_data!r}")
+        axes = "same"
+        if any_module:  # (One permute, by name: the entry's rank is not fixed.)
+            if ops_data and (len(ops_data) > 1 or set(ops_data[0]) != {"permute"}):
+                raise ValueError(
+                    f"{at}: an entry of any module takes one op, a named permute "
+                    f'(ops = [{{permute = "kernel"}}]); found {ops_data!r}'
+                )
+            axes = ops_data[0]["permute"] if ops_data else "same"
+            ops_data = []
+        parts = e.get("parts", {})
+        if not isinstance(parts, Mapping) or not all(
+            isinstance(v, list) and all(isinstance(s, str) for s in v) for v in parts.values()
+        ):
+            raise ValueError(f"{at}: `parts` maps placeholders to lists of names, found {parts!r}")
+        when = e.get("when")
+        optional = e.get("optional", False)
+        if not isinstance(optional, bool):
+            optional = _expression(optional, f"{at} (`optional`: true, false or a condition)")
+        shape = e.get("shape")
+        if shape is not None:
+            shape = tuple(
+                s if type(s) is int else _expression(s, f"{at} (`shape`)")
+                for s in _list(shape, f"{at}: `shape`")
+            )
+        collection = e.get("collection")
+        entry = Entry(
+            _str(e["torch"], f"{at} (`torch`)"),
+            _str(e["flax"], f"{at} (`flax`)"),
+            tuple(parse_op(op, f"{at}, op {j + 1}") for j, op in enumerate(ops_data)),
+            MappingProxyType({k: tuple(v) for k, v in parts.items()}),
+            None if when is None else _expression(when, f"{at} (`when`)"),
+            optional,
+            shape,
+            tuple(_list(e.get("layers", []), f"{at}: `layers`")),
+            tuple(_list(e.get("ndims", []), f"{at}: `ndims`")),
+            axes,
+            None if collection is None else _str(collection, f"{at} (`collection`)"),
+        )
+        _check_entry(entry, at)
+        entries.append(entry)
+    return entries
+
+
+def _family(data: Any, where: str) -> TableFamily:
+    data = _keys(data, _FAMILY_KEYS, ("model_types",), where)
+    maps = {}
+    for key in ("modules", "computed", "absent"):
+        value = data.get(key, {})
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: `{key}` must be a table, found {value!r}")
+        maps[key] = value
+    leaves = {
+        key: tuple(_str(n, f"{where}: `{key}`") for n in _list(data.get(key, []), where))
+        for key in ("tied_leaves", "untied_leaves")
+    }
+    return TableFamily(
+        tuple(_str(m, f"{where}: `model_types`") for m in _list(data["model_types"], where)),
+        tuple(_entries(_list(data.get("entry", []), f"{where}: `entry`"), where)),
+        MappingProxyType({k: _str(v, f"{where}: modules.{k}") for k, v in maps["modules"].items()}),
+        leaves["tied_leaves"],
+        leaves["untied_leaves"],
+        MappingProxyType(
+            {k: _str(v, f"{where}: computed.{k}") for k, v in maps["computed"].items()}
+        ),
+        MappingProxyType(
+            {
+                k: tuple(_str(m, f"{where}: absent.{k}") for m in _list(v, where))
+                for k, v in maps["absent"].items()
+            }
+        ),
+    )
 
 
 def _list(value: Any, where: str) -> list[Any]:
