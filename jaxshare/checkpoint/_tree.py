@@ -21,6 +21,7 @@ from jaxshare.internal import (
     is_nnx_module,
     is_variable,
     keypath_to_path,
+    parallel_map,
     permute_shape,
     render,
     variable_value,
@@ -28,6 +29,9 @@ from jaxshare.internal import (
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = ["TreeSource"]
+
+#: A leaf at least this large has its blocks placed on a few threads.
+_PARALLEL_BYTES = 8 << 20
 
 
 class TreeSource(TensorSource):
@@ -84,24 +88,34 @@ class TreeSource(TensorSource):
 
     def permuted_array(self, name: str, perm: Perm) -> np.ndarray | None:
         """The leaf ``name`` transposed by ``perm``, each device's block transposed
-        straight into its place (one pass: no gathered copy first)."""
+        straight into its place (one pass: no gathered copy first); the blocks of a
+        large leaf on a few threads."""
         value = self._leaves[name]
         if not isinstance(value, jax.Array) or not value.is_fully_addressable:
             return None
         # (Lined up with where a writer puts it, where it says: written without a copy.)
         out = empty_array(permute_shape(value.shape, perm), np.dtype(value.dtype))
         same = tuple(perm) == tuple(range(len(perm)))
-        done: set[tuple[tuple[int, int, int], ...]] = set()
+        blocks = {}  # (A block several devices hold: once.)
         for shard in value.addressable_shards:
             bounds = tuple(s.indices(n) for s, n in zip(shard.index, value.shape, strict=True))
-            if bounds in done:  # (A block several devices hold: once.)
-                continue
-            done.add(bounds)
+            blocks.setdefault(bounds, shard)
+
+        def place(item: tuple[tuple[tuple[int, int, int], ...], Any]) -> None:
+            bounds, shard = item
             at = tuple(slice(*bounds[k]) for k in perm)
             if same:  # (A plain copy: numpy's, faster than tiles that move nothing.)
                 out[at] = np.asarray(shard.data)
             else:
-                contiguous_transpose(np.asarray(shard.data), perm, out=out[at])
+                contiguous_transpose(np.asarray(shard.data), perm, out=out[at], threads=False)
+
+        items = list(blocks.items())
+        if out.nbytes >= _PARALLEL_BYTES:
+            for _ in parallel_map(place, items):
+                pass
+        else:
+            for item in items:
+                place(item)
         return out
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
