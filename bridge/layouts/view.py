@@ -852,6 +852,28 @@ class TableToTorch(_TableSource):
             tensors[name] = _Tensor(stored, entry, part, count, shape, torch_shapes[k], vals)
             self.placed_by[name] = (stored, entry.describe())
 
+    def blocks(self, name: str) -> Iterable[np.ndarray]:
+        """A tensor that is its leaf with axes moved (and split or merged) in C order,
+        as the source's blocks of the leaf moved so, where it hands them out (a
+        Flax tree in memory: bands of rows); else the one array."""
+        t = self._tensors.get(name)
+        one = (
+            None
+            if t is None or t.part is not None
+            else _as_one_transpose(t.entry.ops, t.leaf_shape)
+        )
+        if t is not None and one is not None:  # (A reshape of C-ordered bytes moves none.)
+            perm = one[0]
+            moved = (
+                self._source.blocks(t.path)
+                if perm == tuple(range(len(perm)))
+                else self._source.permuted_blocks(t.path, perm)
+            )
+            if moved is not None:
+                yield from moved
+                return
+        yield self.array(name)
+
     def array(self, name: str) -> np.ndarray:
         try:
             t = self._tensors[name]
