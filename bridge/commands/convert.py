@@ -97,6 +97,7 @@ def convert(
     manifest: bool = False,
     optimizer: bool = False,
     compression: str = "zstd",
+    fused_experts: bool = False,
 ) -> Path:
     """Converts ``src`` to ``dst``, streaming one tensor at a time: what
     ``jaxshare convert SRC DST`` does.
@@ -149,6 +150,10 @@ def convert(
         ``"zstd"`` (Orbax's default) or ``"none"``, which writes at the disk's
         speed where zstd costs more CPU than the write (see
         :func:`jaxshare.checkpoint.write_item`).
+      fused_experts: a Hugging Face directory output holds a mixture of experts
+        fused (``--fused-experts``), as ``save_pretrained(save_original_format=False)``
+        writes it; default: per expert, as ``save_pretrained`` writes by default
+        (``docs/experts.md``).
 
     Returns:
       ``dst`` as a ``Path``.
@@ -176,7 +181,8 @@ def convert(
         given = {"--dtype": dtype, "--names": names,
                  "--max-shard-size": max_shard_size, "--stack": stack,
                  "--manifest": manifest, "--format": format not in (None, "orbax", "torch"),
-                 "--compression": compression != "zstd"}  # fmt: skip
+                 "--compression": compression != "zstd",
+                 "--fused-experts": fused_experts}  # fmt: skip
         extra = [option for option, value in given.items() if value]
         if extra:
             raise UsageError(
@@ -198,6 +204,11 @@ def convert(
         raise UsageError(
             f"--manifest is written into Orbax items, .safetensors files and Hugging Face "
             f"directories, not a {fmt} output; convert to one of those to verify it alone."
+        )
+    if fused_experts and fmt != "hf":
+        raise UsageError(
+            f"--fused-experts is how a Hugging Face directory output holds experts, not a "
+            f"{fmt} output's."
         )
     if compression != "zstd" and fmt != "orbax":
         raise UsageError(
@@ -246,6 +257,7 @@ def convert(
             progress=progress,
             manifest=manifest,
             compression=compression,
+            fused_experts=fused_experts,
         )
         WRITERS[fmt](dst, source, options)
     return dst

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bridge.hf.config import ConfigTies, config_dict, config_ties
+from bridge.hf.experts import FusedView, experts_family
 from bridge.layouts.layout import Family, Layout, as_layout, detect_layout
 from bridge.layouts.rules import Rule, Rules, as_rules
 from bridge.naming.torch_naming import torch_plan
@@ -195,6 +196,7 @@ def save_hf(
     layout: str | Layout | None = None,
     use_transformers: bool | None = None,
     manifest: bool = False,
+    fused_experts: bool = False,
 ) -> Path:
     """Writes a Hugging Face model directory that transformers'
     ``from_pretrained`` loads with no missing or unexpected keys.
@@ -246,6 +248,11 @@ def save_hf(
       manifest: record every tensor's hash as it is written (each shard's
         metadata, and the index's ``metadata`` under ``"jaxshare.manifest"``), for
         :func:`bridge.verify` of the directory alone.
+      fused_experts: write a mixture of experts fused, as transformers 5 holds it and
+        ``save_pretrained(save_original_format=False)`` writes it
+        (``model.layers.1.mlp.experts.gate_up_proj``), each layer's experts read into
+        one array; default: per expert, as ``save_pretrained`` writes them by default
+        (``docs/experts.md``).
 
     Returns:
       ``directory`` as a ``Path``.
@@ -311,6 +318,8 @@ def save_hf(
             chosen = chosen if flax_layout is None else flax_layout
             # Stacks of layers (a scanned tree's) as layers, each read as its slice.
             plan, source = unstacked(plan, source)
+        if fused_experts:
+            plan, source = _fused(plan, source, cfg, directory)
         if not needs_model:
             found = meta(cfg, [e.name for e in plan.entries], need_model=False)
         plan = plan.cast(dtype)
@@ -344,6 +353,21 @@ def save_hf(
         if opened is not source_or_tree:
             opened.close()
     return Path(directory)
+
+
+def _fused(
+    plan: Plan, source: TensorSource, config: dict, directory: str | os.PathLike
+) -> tuple[Plan, TensorSource]:
+    """The plan's outputs with each layer's experts fused (:class:`FusedView`)."""
+    family = experts_family(config)
+    if family is None:
+        raise ValueError(
+            f"{directory}: --fused-experts (`fused_experts=True`) is for a mixture of "
+            f"experts; config.json's model_type {config.get('model_type')!r} has none that "
+            "jaxshare fuses (bridge/hf/experts.toml)."
+        )
+    fused = FusedView(PlannedSource(source, plan), family)
+    return Plan.identity(fused), fused
 
 
 def _needs_model(

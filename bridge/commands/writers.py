@@ -56,6 +56,7 @@ class Options:
     manifest: bool = False
     compression: str = "zstd"
     ties: Mapping[str, str] | Sequence[str] = ()
+    fused_experts: bool = False
 
     def given(self, *names: str) -> dict[str, Any]:
         """These options, by name, as a writer's keyword arguments.
@@ -157,6 +158,7 @@ def _hf(dst: Path, source: TensorSource, options: Options) -> None:
         )
     # save_hf plans: a naming record, else the config's model class, names Flax leaves.
     named = ("dtype", "max_shard_size", "force", "inputs", "progress", "rules", "layout")
+    named += ("fused_experts",)
     save_hf(dst, source, config=config, manifest=options.manifest, **options.given(*named))
 
 

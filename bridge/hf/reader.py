@@ -3,7 +3,9 @@
 A path is a Hugging Face directory when it holds a model's weights beside its
 ``config.json`` (or is its ``*.index.json``, or that ``config.json``): told from
 file names alone, with none of what reading the directory needs (its config's
-ties, the table of model classes) imported until a directory is opened.
+ties, the table of model classes) imported until a directory is opened. A directory
+of a mixture of experts saved fused (``save_original_format=False``) reads in the
+per-expert names (:mod:`bridge.hf.experts`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ __all__ = ["READER"]
 
 def _open(path: Path, *, rules: Rules | None = None) -> TensorSource:
     from bridge.hf.directory import HFDirectory  # (Its config's ties: only to read one.)
+    from bridge.hf.experts import per_expert
 
-    return HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
+    # (A mixture of experts saved fused reads in the per-expert names save_pretrained
+    # writes by default: both namings of one model convert alike.)
+    directory = HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
+    try:
+        return per_expert(directory)
+    except BaseException:
+        directory.close()
+        raise
 
 
 #: The reader of Hugging Face directories (given as the directory, its index or its

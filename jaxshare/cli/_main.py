@@ -82,6 +82,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             manifest=args.manifest,
             optimizer=args.optimizer,
             compression=args.compression,
+            fused_experts=args.fused_experts,
         )
     print(f"wrote {args.dst}")
     return 0
@@ -217,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--manifest",
         action="store_true",
         help="record every tensor's hash in the output, for `jaxshare verify DST` alone",
+    )
+    p.add_argument(
+        "--fused-experts",
+        action="store_true",
+        help="a Hugging Face directory output holds a mixture of experts fused "
+        "(mlp.experts.gate_up_proj), as save_pretrained(save_original_format=False) writes "
+        "it (default: per expert, as save_pretrained writes by default)",
     )
     p.add_argument(
         "--compression",

@@ -1,0 +1,367 @@
+"""A mixture of experts under both of transformers 5's namings, each read as the other.
+
+transformers 5 holds a layer's experts fused (``model.layers.1.mlp.experts.gate_up_proj``
+``(E, 2I, H)``: the experts stacked on axis 0, gate and up concatenated on axis 1;
+``down_proj`` ``(E, H, I)``), and ``save_pretrained`` writes them per expert by default
+(``model.layers.1.mlp.experts.0.gate_proj.weight`` ``(I, H)``, Mixtral's
+``block_sparse_moe.experts.0.w1.weight``), or fused with ``save_original_format=False``.
+Which names go with which is data: ``experts.toml``, by ``config.json``'s ``model_type``,
+after transformers 5's ``conversion_mapping.py``.
+
+- :class:`PerExpertView`: a source of fused tensors as its per-expert tensors, each read
+  as its slice of the fused one (what a fused directory reads as, so that both namings
+  of one model convert to the same item);
+- :class:`FusedView`: a source of per-expert tensors as the fused ones, a layer's experts
+  read into one array (what ``save_hf(fused_experts=True)`` and ``--fused-experts``
+  write).
+
+Both check that every expert of a layer is there, once, with the shape of the others.
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxshare import AliasMap
+from jaxshare.stream import ArrayInfo, TensorSource
+
+__all__ = [
+    "EXPERTS_TABLE",
+    "ExpertsFamily",
+    "Fused",
+    "FusedView",
+    "PerExpertView",
+    "experts_families",
+    "experts_family",
+    "per_expert",
+]
+
+#: The table of namings, by model type.
+EXPERTS_TABLE = Path(__file__).with_name("experts.toml")
+
+#: What stands for the expert's index in a per-expert name.
+EXPERT = "{e}"
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One fused tensor and the per-expert tensors it holds.
+
+    Attributes:
+      fused: the end of its name after the layer's module (``mlp.experts.gate_up_proj``).
+      experts: the ends of the per-expert names it holds, with :data:`EXPERT`, in the
+        order they are concatenated (``mlp.experts.{e}.gate_proj.weight``, ``...up...``).
+      axis: the axis of the fused tensor they are concatenated along (equal sizes).
+
+    >>> f = Fused("mlp.experts.gate_up_proj", ("mlp.experts.{e}.gate_proj.weight",
+    ...           "mlp.experts.{e}.up_proj.weight"), 1)
+    >>> f.per_expert_shape((4, 16, 8))
+    (8, 8)
+    >>> f.index(2, 1, (4, 16, 8))
+    (2, slice(None, None, None), slice(8, 16, None))
+    """
+
+    fused: str
+    experts: tuple[str, ...]
+    axis: int = 1
+
+    def per_expert_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of each per-expert tensor of a fused tensor of ``shape``."""
+        rest = list(shape[1:])
+        rest[self.axis - 1] //= len(self.experts)
+        return tuple(rest)
+
+    def index(self, expert: int, part: int, shape: Sequence[int]) -> tuple[Any, ...]:
+        """Where per-expert tensor ``part`` of ``expert`` lies in the fused tensor (the
+        expert's axis taken away)."""
+        size = shape[self.axis] // len(self.experts)
+        return (expert, *[slice(None)] * (self.axis - 1), slice(part * size, (part + 1) * size))
+
+
+@dataclass(frozen=True)
+class ExpertsFamily:
+    """The namings of one family's experts.
+
+    Attributes:
+      model_types: the ``config.json`` ``model_type`` s of the family.
+      fused: its fused tensors.
+      renames: ``(per-expert form, fused form)`` parts of every other name that
+        differ between the two namings (Mixtral's ``.block_sparse_moe.`` is ``.mlp.``).
+    """
+
+    model_types: tuple[str, ...]
+    fused: tuple[Fused, ...]
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def fused_name(self, name: str) -> str:
+        """A name of the per-expert naming as the fused naming spells it."""
+        for per_expert, fused in self.renames:
+            name = name.replace(per_expert, fused)
+        return name
+
+    def per_expert_name(self, name: str) -> str:
+        """A name of the fused naming as the per-expert naming spells it."""
+        for per_expert, fused in self.renames:
+            name = name.replace(fused, per_expert)
+        return name
+
+    def fused_of(self, name: str) -> tuple[Fused, str] | None:
+        """The fused tensor ``name`` is, and its layer's module prefix (with its dot)."""
+        for fused in self.fused:
+            if name == fused.fused or name.endswith(f".{fused.fused}"):
+                return fused, name[: len(name) - len(fused.fused)]
+        return None
+
+    def expert_of(self, name: str) -> tuple[Fused, int, str, int] | None:
+        """``(fused, part, prefix, expert)`` of a per-expert ``name``."""
+        for fused in self.fused:
+            for part, pattern in enumerate(fused.experts):
+                m = _expert_regex(pattern).fullmatch(name)
+                if m is not None:
+                    return fused, part, m.group("prefix"), int(m.group("e"))
+        return None
+
+
+@functools.cache
+def _expert_regex(pattern: str) -> re.Pattern[str]:
+    head, tail = pattern.split(EXPERT)
+    return re.compile(
+        rf"(?P<prefix>(?:.*\.)?){re.escape(head)}(?P<e>0|[1-9][0-9]*){re.escape(tail)}"
+    )
+
+
+@functools.cache
+def experts_families(path: Path = EXPERTS_TABLE) -> tuple[ExpertsFamily, ...]:
+    """The families of ``experts.toml``.
+
+    Raises:
+      ValueError: one line naming the file and the family or key that is wrong.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the experts table ({e})") from None
+    families = []
+    for k, family in enumerate(data.get("family", [])):
+        where = f"{path}: family {k + 1}"
+        fused = []
+        for f in family.get("fused", []):
+            experts = tuple(f.get("experts", ()))
+            if not experts or any(p.count(EXPERT) != 1 for p in experts):
+                raise ValueError(f"{where}: each of `experts` holds {EXPERT} once, got {experts}")
+            axis = f.get("axis", 1)
+            if type(axis) is not int or axis < 1:
+                raise ValueError(
+                    f"{where}: `axis` is an axis after the experts' (>= 1), got {axis!r}"
+                )
+            fused.append(Fused(str(f["fused"]), experts, axis))
+        renames = tuple((str(a), str(b)) for a, b in family.get("renames", {}).items())
+        families.append(ExpertsFamily(tuple(family["model_types"]), tuple(fused), renames))
+    return tuple(families)
+
+
+def experts_family(config: Mapping[str, Any] | None) -> ExpertsFamily | None:
+    """The experts' namings of the model ``config`` describes, ``None`` for a model
+    without (or of a family the table lacks).
+
+    >>> experts_family({"model_type": "qwen3_moe"}).fused[0].fused
+    'mlp.experts.gate_up_proj'
+    >>> experts_family({"model_type": "llama"}) is None
+    True
+    """
+    model_type = (config or {}).get("model_type")
+    return next((f for f in experts_families() if model_type in f.model_types), None)
+
+
+class _View(TensorSource):
+    """A source's tensors under other names, each read as (a slice of) one of the
+    source's, or made of several; everything else the source says of itself kept."""
+
+    def __init__(self, source: TensorSource) -> None:
+        self._source = source
+        self.path, self.kind = source.path, source.kind
+        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
+        self.config, self.live, self.notes = source.config, source.live, source.notes
+        self.mapped, self.unapplied_ties = source.mapped, source.unapplied_ties
+        self.origins = dict(source.origins)
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    def read(self, name: str) -> Any:
+        return self.array(name)
+
+    def close(self) -> None:
+        self._source.close()
+
+    def _renamed_ties(self, rename: dict[str, str]) -> None:
+        ties = self._source.ties
+        pairs = {rename.get(a, a): rename.get(c, c) for a, c in ties.items()}
+        transforms = {rename.get(a, a): ties.transform(a) for a in ties}
+        self.ties = AliasMap(pairs, transforms=transforms, naming=ties.naming)
+        self.origins = {rename.get(a, a): o for a, o in self._source.origins.items()}
+
+
+class PerExpertView(_View):
+    """A source whose fused experts (of ``family``) are read as their per-expert
+    tensors, under the per-expert naming.
+
+    Raises:
+      ValueError: one line: a fused tensor whose parts do not divide it, or a source
+        that holds a layer's experts both fused and per expert.
+    """
+
+    def __init__(self, source: TensorSource, family: ExpertsFamily) -> None:
+        super().__init__(source)
+        self.family = family
+        self._reads: dict[str, tuple[str, tuple[Any, ...] | None]] = {}
+        infos: dict[str, ArrayInfo] = {}
+        rename: dict[str, str] = {}
+        for name, info in source.infos.items():
+            found = family.fused_of(name)
+            if found is None:
+                own = family.per_expert_name(name)
+                rename[name] = own
+                infos[own], self._reads[own] = info, (name, None)
+                continue
+            fused, prefix = found
+            shape = info.shape
+            if len(shape) <= fused.axis or shape[fused.axis] % len(fused.experts):
+                raise ValueError(
+                    f"{source.where}: the fused experts {name!r} {shape} cannot hold "
+                    f"{len(fused.experts)} part(s) of equal size along axis {fused.axis}."
+                )
+            each = ArrayInfo(fused.per_expert_shape(shape), info.dtype)
+            for e in range(shape[0]):
+                for k, pattern in enumerate(fused.experts):
+                    own = family.per_expert_name(prefix) + pattern.replace(EXPERT, str(e))
+                    if own in source.infos:
+                        raise ValueError(
+                            f"{source.where}: {own!r} is stored, and {name!r} holds it fused "
+                            "too; keep one naming (`jaxshare check` compares the two)."
+                        )
+                    infos[own], self._reads[own] = each, (name, fused.index(e, k, shape))
+        self.infos = infos
+        self._renamed_ties(rename)
+        if source.layers is not None:
+            self.layers = {family.per_expert_name(m): k for m, k in source.layers.items()}
+
+    def array(self, name: str) -> np.ndarray:
+        stored, index = self._reads[name]
+        if index is None:
+            return self._source.array(stored)
+        return np.ascontiguousarray(self._source.read_slice(stored, index))
+
+    def read_slice(self, name: str, index: Any) -> np.ndarray:
+        stored, at = self._reads[name]
+        if at is None:
+            return self._source.read_slice(stored, index)
+        return np.asarray(self.array(name)[index])
+
+
+class FusedView(_View):
+    """A source whose per-expert tensors (of ``family``) are read as the fused ones,
+    each layer's experts read into one array, under the fused naming.
+
+    Raises:
+      ValueError: one line naming the layer: a missing expert (or part of one), or
+        experts of unequal shapes or dtypes.
+    """
+
+    def __init__(self, source: TensorSource, family: ExpertsFamily) -> None:
+        super().__init__(source)
+        self.family = family
+        groups: dict[str, dict[tuple[int, int], str]] = {}
+        kinds: dict[str, Fused] = {}
+        infos: dict[str, ArrayInfo] = {}
+        rename: dict[str, str] = {}
+        for name, info in source.infos.items():
+            found = family.expert_of(name)
+            if found is None:
+                own = family.fused_name(name)
+                rename[name] = own
+                infos[own] = info
+                continue
+            fused, part, prefix, e = found
+            own = family.fused_name(prefix) + fused.fused
+            if own not in groups:
+                groups[own], kinds[own] = {}, fused
+                infos[own] = info  # (Its place; its shape below.)
+            groups[own][(e, part)] = name
+        self._members: dict[str, tuple[Fused, list[list[str]]]] = {}
+        for own, members in groups.items():
+            fused = kinds[own]
+            count = 1 + max(e for e, _ in members)
+            missing = [
+                fused.experts[k].replace(EXPERT, str(e))
+                for e in range(count)
+                for k in range(len(fused.experts))
+                if (e, k) not in members
+            ]
+            if missing:
+                raise ValueError(
+                    f"{source.where}: {own!r} fuses {count} experts, but "
+                    f"{len(missing)} tensor(s) of them are missing (first: {missing[0]!r} "
+                    f"of {own[: len(own) - len(fused.fused)] or 'the model'}); every expert "
+                    "needs each of its tensors."
+                )
+            table = [[members[(e, k)] for k in range(len(fused.experts))] for e in range(count)]
+            first = source.infos[table[0][0]]
+            odd = next((n for row in table for n in row if source.infos[n] != first), None)
+            if odd is not None:
+                raise ValueError(
+                    f"{source.where}: the experts of {own!r} differ: {table[0][0]!r} is "
+                    f"{first.shape} {first.dtype}, {odd!r} is {source.infos[odd].shape} "
+                    f"{source.infos[odd].dtype}; fused experts are of one shape."
+                )
+            shape = [count, *first.shape]
+            shape[fused.axis] *= len(fused.experts)
+            infos[own] = ArrayInfo(tuple(shape), first.dtype)
+            self._members[own] = (fused, table)
+        self.infos = infos
+        self._stored = {own: name for name, own in rename.items()}
+        self._renamed_ties(rename)
+        if source.layers is not None:
+            self.layers = {family.fused_name(m): k for m, k in source.layers.items()}
+
+    def members(self, name: str) -> list[list[str]] | None:
+        """The per-expert names fused into ``name``, by expert and part."""
+        found = self._members.get(name)
+        return None if found is None else found[1]
+
+    def array(self, name: str) -> np.ndarray:
+        found = self._members.get(name)
+        if found is None:
+            return self._source.array(self._stored[name])
+        fused, table = found
+        info = self.infos[name]
+        out = np.empty(info.shape, self._source.array(table[0][0]).dtype)
+        for e, row in enumerate(table):
+            for k, member in enumerate(row):
+                out[fused.index(e, k, info.shape)] = self._source.array(member)
+        return out
+
+    def read_slice(self, name: str, index: Any) -> np.ndarray:
+        if name not in self._members:
+            return self._source.read_slice(self._stored[name], index)
+        return np.asarray(self.array(name)[index])
+
+
+def per_expert(source: TensorSource) -> TensorSource:
+    """``source`` in the per-expert naming where its config's family holds fused
+    experts and it stores some (a directory ``save_original_format=False`` wrote);
+    else ``source`` itself."""
+    family = experts_family(source.config)
+    if family is None or not any(family.fused_of(n) for n in source.infos):
+        return source
+    return PerExpertView(source, family)

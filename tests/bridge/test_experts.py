@@ -1,0 +1,205 @@
+"""A mixture of experts under both of transformers 5's namings: per expert (as
+``save_pretrained`` writes by default) and fused (as the model holds them and
+``save_original_format=False`` writes them), each read as the other, with real
+Qwen3-MoE, Mixtral and Qwen2-MoE (a shared expert, a dense first layer) from tiny
+configs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import save_file
+from safetensors.torch import load_file
+
+import bridge
+from bridge.hf.experts import (
+    FusedView,
+    PerExpertView,
+    experts_families,
+    experts_family,
+)
+from jaxshare import checkpoint
+from jaxshare.cli import main
+from jaxshare.internal import UsageError
+
+CONFIGS = {
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+        tie_word_embeddings=False,
+    ),
+    "mixtral": lambda: transformers.MixtralConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=8, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
+        shared_expert_intermediate_size=12, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0],
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def moe(request, tmp_path_factory):
+    """A model saved both ways by transformers 5, with bfloat16 weights."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param]())
+    model = model.to(torch.bfloat16)
+    root = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(root / "per")
+    model.save_pretrained(root / "fused", save_original_format=False)
+    return request.param, model, root
+
+
+def _tensors(path):
+    """``{name: (dtype, shape, bytes)}`` of a directory's safetensors files."""
+    out = {}
+    for file in sorted(path.glob("*.safetensors")):
+        for name, t in load_file(file).items():
+            out[name] = (str(t.dtype), tuple(t.shape), t.view(torch.uint8).numpy().tobytes())
+    return out
+
+
+def _arrays(arrays: dict) -> dict:
+    """``{name: (dtype, shape, bytes)}`` of numpy arrays (bfloat16 as torch names it)."""
+    out = {}
+    for name, a in arrays.items():
+        dtype = "torch.bfloat16" if a.dtype.name == "bfloat16" else f"torch.{a.dtype.name}"
+        out[name] = (dtype, tuple(a.shape), np.ascontiguousarray(a).tobytes())
+    return out
+
+
+def _same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))[:6]
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def test_the_two_namings_are_what_transformers_5_writes(moe) -> None:
+    """The fused directory has fewer tensors; each view of one is the other, bit for bit."""
+    name, _, root = moe
+    per, fused = _tensors(root / "per"), _tensors(root / "fused")
+    assert len(fused) < len(per)
+    family = experts_family(json.loads((root / "per" / "config.json").read_text()))
+    with bridge.HFDirectory(root / "per") as a, bridge.HFDirectory(root / "fused") as b:
+        assert isinstance(bridge.open_source(root / "fused"), PerExpertView)
+        _same(_arrays({n: PerExpertView(b, family).array(n) for n in per}), per)
+        _same(_arrays({n: FusedView(a, family).array(n) for n in fused}), fused)
+
+
+def test_both_namings_give_one_item_and_both_come_back(moe, tmp_path) -> None:
+    """Per-expert and fused directories convert to the same item, leaf for leaf and bit for
+    bit; the item goes back per expert by default and fused with --fused-experts, and
+    transformers 5 loads each with no missing or unexpected keys, bit-exact."""
+    name, model, root = moe
+    items = {}
+    for kind in ("per", "fused"):
+        items[kind] = tmp_path / f"item-{kind}"
+        assert main(["convert", str(root / kind), str(items[kind]), "--quiet"]) == 0
+    a, b = checkpoint.restore(items["per"]), checkpoint.restore(items["fused"])
+    import jax
+
+    flat_a = dict(jax.tree_util.tree_leaves_with_path(a))
+    flat_b = dict(jax.tree_util.tree_leaves_with_path(b))
+    assert flat_a.keys() == flat_b.keys()
+    for path in flat_a:
+        assert np.asarray(flat_a[path]).tobytes() == np.asarray(flat_b[path]).tobytes(), path
+    back_per, back_fused = tmp_path / "back-per", tmp_path / "back-fused"
+    assert main(["convert", str(items["fused"]), str(back_per), "--format", "hf", "--quiet"]) == 0
+    assert (
+        main(["convert", str(items["per"]), str(back_fused), "--format", "hf", "--fused-experts",
+              "--quiet"]) == 0
+    )  # fmt: skip
+    _same(_tensors(back_per), _tensors(root / "per"))
+    _same(_tensors(back_fused), _tensors(root / "fused"))
+    expected = model.state_dict()
+    for directory in (back_per, back_fused):
+        loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, output_loading_info=True, dtype=torch.bfloat16
+        )
+        assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+        for key, value in loaded.state_dict().items():
+            assert torch.equal(value.view(torch.int16), expected[key].view(torch.int16)), key
+
+
+def test_save_hf_writes_fused_experts_from_per_expert_tensors(moe, tmp_path) -> None:
+    name, _, root = moe
+    out = bridge.save_hf(tmp_path / "out", root / "per", fused_experts=True)
+    _same(_tensors(out), _tensors(root / "fused"))
+
+
+def test_the_table_follows_transformers_5s_conversion_mapping() -> None:
+    """Each model type of the table is one transformers 5 converts with the same
+    converter (its "qwen2_moe" or "mixtral"), whose patterns the table spells."""
+    from transformers import conversion_mapping as cm
+
+    aliases = cm._MODEL_TO_CONVERSION_PATTERN
+    mapping = cm._build_checkpoint_conversion_mapping()
+    for family in experts_families():
+        owners = {aliases.get(t, t) for t in family.model_types}
+        assert len(owners) == 1, (family.model_types, owners)
+        (owner,) = owners
+        patterns = {
+            (tuple(c.source_patterns), tuple(c.target_patterns))
+            for c in mapping[owner]
+            if hasattr(c, "operations")
+        }
+        for fused in family.fused:
+            sources = tuple(
+                "." + p.split(".", 1)[1].replace("{e}", "*") if p.startswith("block") else
+                p.replace("{e}", "*")
+                for p in fused.experts
+            )  # fmt: skip
+            assert any(
+                tuple(s.lstrip(".") for s in src) == tuple(s.lstrip(".") for s in sources)
+                and tgt[0].lstrip(".").endswith(fused.fused.split(".", 1)[1])
+                for src, tgt in patterns
+            ), (owner, fused)
+
+
+def test_a_missing_expert_is_one_line(tmp_path) -> None:
+    family = experts_family({"model_type": "qwen3_moe"})
+    w = np.zeros((4, 8), np.float32)
+    names = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight": w
+             for e in range(3) for p in ("gate", "up", "down")}  # fmt: skip
+    del names["model.layers.0.mlp.experts.1.up_proj.weight"]
+    save_file(names, tmp_path / "m.safetensors")
+    with bridge.open_source(tmp_path / "m.safetensors") as source:
+        with pytest.raises(ValueError) as e:
+            FusedView(source, family)
+    message = str(e.value)
+    assert "'model.layers.0.mlp.experts.gate_up_proj' fuses 3 experts, but 1 tensor(s)" in message
+    assert "'mlp.experts.1.up_proj.weight'" in message and "\n" not in message
+
+
+def test_a_source_with_both_namings_of_a_layer_is_one_line(tmp_path) -> None:
+    family = experts_family({"model_type": "qwen3_moe"})
+    save_file(
+        {
+            "model.layers.0.mlp.experts.gate_up_proj": np.zeros((2, 8, 4), np.float32),
+            "model.layers.0.mlp.experts.0.gate_proj.weight": np.zeros((4, 4), np.float32),
+        },
+        tmp_path / "m.safetensors",
+    )
+    with bridge.open_source(tmp_path / "m.safetensors") as source:
+        with pytest.raises(ValueError, match="is stored, and 'model.layers.0.mlp.experts"):
+            PerExpertView(source, family)
+
+
+def test_fused_experts_is_for_a_mixture_of_experts_and_hf_outputs(tmp_path) -> None:
+    save_file({"fc.weight": np.zeros((2, 2), np.float32)}, tmp_path / "m.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UsageError, match="--fused-experts is how a Hugging Face directory"):
+        bridge.convert(tmp_path / "m.safetensors", tmp_path / "item", fused_experts=True)
+    with pytest.raises(ValueError, match="is for a mixture of experts; config.json's model_type"):
+        bridge.save_hf(
+            tmp_path / "out", tmp_path / "m.safetensors", config=tmp_path / "config.json",
+            fused_experts=True,
+        )  # fmt: skip
