@@ -72,6 +72,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.io.source import Index as Index
     from jaxshare.io.source import RecordedTie as RecordedTie
     from jaxshare.io.source import RetiedSource as RetiedSource
+    from jaxshare.io.source import SourceView as SourceView
     from jaxshare.io.source import UnheldTies as UnheldTies
     from jaxshare.io.source import file_part as file_part
     from jaxshare.io.stack import StackedSource as StackedSource
@@ -152,7 +153,9 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare.io.equal": ["same_bytes", "words"],
         "jaxshare.io.mapped": ["FileRange", "map_file"],
         "jaxshare.io.plan": ["PlannedSource"],
-        "jaxshare.io.source": ["Index", "RecordedTie", "RetiedSource", "UnheldTies", "file_part"],
+        "jaxshare.io.source": [
+            *("Index", "RecordedTie", "RetiedSource", "SourceView", "UnheldTies", "file_part"),
+        ],
         "jaxshare.io.stack": [
             "StackedSource",
             "UnstackedSource",

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxshare import AliasMap
+from jaxshare.internal import SourceView
 from jaxshare.stream import ArrayInfo, TensorSource
 
 __all__ = [
@@ -67,7 +68,7 @@ class Fused:
     >>> f.per_expert_shape((4, 16, 8))
     (8, 8)
     >>> f.index(2, 1, (4, 16, 8))
-    (2, slice(None, None, None), slice(8, 16, None))
+    (2, slice(8, 16, None))
     """
 
     fused: str
@@ -182,27 +183,14 @@ def experts_family(config: Mapping[str, Any] | None) -> ExpertsFamily | None:
     return next((f for f in experts_families() if model_type in f.model_types), None)
 
 
-class _View(TensorSource):
+class _View(SourceView):
     """A source's tensors under other names, each read as (a slice of) one of the
     source's, or made of several; everything else the source says of itself kept."""
 
     def __init__(self, source: TensorSource) -> None:
-        self._source = source
-        self.path, self.kind = source.path, source.kind
-        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config, self.live, self.notes = source.config, source.live, source.notes
-        self.mapped, self.unapplied_ties = source.mapped, source.unapplied_ties
-        self.origins = dict(source.origins)
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def read(self, name: str) -> Any:
-        return self.array(name)
-
-    def close(self) -> None:
-        self._source.close()
+        super().__init__(source)
+        self.notes, self.mapped = source.notes, source.mapped
+        self.unapplied_ties = source.unapplied_ties
 
     def _renamed_ties(self, rename: dict[str, str]) -> None:
         ties = self._source.ties

@@ -266,6 +266,28 @@ class TensorSource(abc.ABC):
         )
 
 
+class SourceView(TensorSource):
+    """A view of ``source``: its tensors named, cut or joined otherwise (a subclass
+    gives ``infos`` and :meth:`array`), the rest of what it says of itself kept -- its
+    path, kind, parts, assets and config -- and closing it closes ``source``."""
+
+    def __init__(self, source: TensorSource) -> None:
+        self._source = source
+        self.path, self.kind = source.path, source.kind
+        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
+        self.config, self.live = source.config, source.live
+
+    @property
+    def where(self) -> str:
+        return self._source.where
+
+    def read(self, name: str) -> Any:
+        return self.array(name)
+
+    def close(self) -> None:
+        self._source.close()
+
+
 class RetiedSource(TensorSource):
     """``source`` with other ties (and more assets): the same tensors, read through
     it; everything else the source says of itself is kept. Conversions that are

@@ -35,7 +35,7 @@ from jaxshare.core.naming import LAYER, layer_name, layer_perm, lift, stack_axis
 from jaxshare.core.perm import Perm
 from jaxshare.core.report import ArrayInfo
 from jaxshare.io.plan import Plan, PlanEntry, PlannedSource
-from jaxshare.io.source import Index, TensorSource
+from jaxshare.io.source import Index, SourceView, TensorSource
 
 __all__ = ["StackedSource", "UnstackedSource", "layer_prefixes", "per_layer", "unstacked"]
 
@@ -113,27 +113,7 @@ def _check_prefix(prefix: Any) -> str:
     return prefix
 
 
-class _Layered(TensorSource):
-    """What the two stack sources share: the source they wrap, and its description."""
-
-    def __init__(self, source: TensorSource) -> None:
-        self._source = source
-        self.path, self.kind = source.path, source.kind
-        self.parts, self.assets, self.other_files = source.parts, source.assets, source.other_files
-        self.config, self.live = source.config, source.live
-
-    @property
-    def where(self) -> str:
-        return self._source.where
-
-    def read(self, name: str) -> Any:
-        return self.array(name)
-
-    def close(self) -> None:
-        self._source.close()
-
-
-class StackedSource(_Layered):
+class StackedSource(SourceView):
     """A PyTorch-named source whose per-layer tensors under ``prefixes`` are stacks.
 
     ``model.layers.{k}.mlp.weight`` for ``k`` in ``0..L-1`` becomes the stack
@@ -296,7 +276,7 @@ class StackedSource(_Layered):
         return np.stack([self._source.read_slice(members[k], rest) for k in picked])
 
 
-class UnstackedSource(_Layered):
+class UnstackedSource(SourceView):
     """A source whose stacks (names with :data:`LAYER`, shape ``(L, *shape)``) are
     given as their per-layer tensors, stack after stack, each read as one slice of
     its stack (so a stack stored in per-layer chunks is read one layer at a time;
