@@ -42,6 +42,7 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,10 @@ from bridge.hf.config import (
     config_dict,
     config_ties,
 )
+from bridge.hf.experts import EXPERT, Fused, experts_family
 from bridge.hf.usual_names import INPUT_EMBEDDINGS, WORD_EMBEDDING_HEADS
 from bridge.layouts.rules import as_rules
-from bridge.sources.registry import open_source
+from bridge.sources.registry import open_source, reader_of
 from jaxshare.formats import (
     CONFIG_FILE,
 )
@@ -72,6 +74,9 @@ KINDS: Mapping[str, str] = {
     "head-overwritten": "error",
     "tie-conflict": "error",
     "all-zero": "error",
+    "expert-missing": "error",
+    "experts-differ": "error",
+    "expert-twice": "error",
     "equal-untied": "info",
     "stored-twice": "info",
 }
@@ -259,7 +264,7 @@ def check(path: str | os.PathLike | TensorSource, /, *, config: Any = None) -> C
     try:
         with warnings.catch_warnings():  # (Ties that cannot be named are findings here.)
             warnings.simplefilter("ignore")
-            source = open_source(path, arg="path")
+            source = _as_stored(path)
     except UnheldTies as e:
         return _unheld(e)
     try:
@@ -291,6 +296,7 @@ def _check(source: TensorSource, config: Any) -> CheckReport:
     if cfg is not None and found is not None:
         findings += _missing(cfg, found, view, ties)
     findings += _equal_untied(view, ties)
+    findings += _experts(view, cfg)
     findings.sort(key=lambda f: (KINDS[f.kind] != "error", list(KINDS).index(f.kind), f.names))
     return CheckReport(
         source.where,
@@ -301,6 +307,94 @@ def _check(source: TensorSource, config: Any) -> CheckReport:
         view.bytes_read,
         tuple(notes),
     )
+
+
+def _as_stored(path: str | os.PathLike | TensorSource) -> TensorSource:
+    """The input with its tensors named as stored (a mixture of experts' fused
+    tensors as they are: :func:`_experts` holds the two namings against each other)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return open_source(path, arg="path")
+    reader = reader_of(path)
+    return reader.open(Path(path), rules=as_rules(None), as_stored=True)
+
+
+def _experts(view: _Checked, cfg: Mapping[str, Any] | None) -> list[Finding]:
+    """Every expert of every layer accounted for, where ``cfg``'s model is a mixture
+    of experts (:mod:`bridge.hf.experts`): each expert's tensors there (as many
+    experts as the config says, else as the layer's highest), and a layer stored
+    both fused and per expert compared, slice by slice."""
+    family = experts_family(cfg)
+    if family is None:
+        return []
+    expected = family.experts(cfg)
+    per: dict[str, dict[tuple[int, int], str]] = {}
+    kinds: dict[str, Fused] = {}
+    for name in view.names:
+        found = family.expert_of(name)
+        if found is not None:
+            fused, part, prefix, e = found
+            key = family.fused_name(prefix) + fused.fused
+            per.setdefault(key, {})[(e, part)] = name
+            kinds[key] = fused
+        elif (held := family.fused_of(name)) is not None:
+            kinds[name] = held[0]
+    findings = []
+    lacking: dict[str, tuple[list[str], int, int]] = {}  # experts module: missing, of, count
+    for key, fused in kinds.items():
+        members = per.get(key, {})
+        stored = key in view.names
+        held = view.names[key][2].shape[0] if stored else 1 + max(e for e, _ in members)
+        count = expected or held
+        if stored and held != count:
+            findings.append(Finding(
+                "expert-missing", "error", (key,), f"{held} of {count} experts",
+                f"the fused tensor holds {held} experts, config.json says {count}",
+            ))  # fmt: skip
+        if members and not stored:
+            prefix = key[: len(key) - len(fused.fused)]
+            module = family.per_expert_name(prefix) + fused.experts[0].split(EXPERT)[0]
+            missing, total, _ = lacking.get(module.rstrip("."), ([], 0, count))
+            missing += [
+                fused.experts[k].replace(EXPERT, str(e))
+                for e in range(count)
+                for k in range(len(fused.experts))
+                if (e, k) not in members
+            ]
+            lacking[module.rstrip(".")] = (missing, total + count * len(fused.experts), count)
+        if stored and members:
+            findings.append(_both_namings(view, key, fused, members))
+    for module, (missing, total, count) in lacking.items():
+        if missing:
+            findings.append(Finding(
+                "expert-missing", "error", (module,), f"{len(missing)} of {total} tensors",
+                f"its experts lack {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''} "
+                f"({count} experts a layer)",
+            ))  # fmt: skip
+    return findings
+
+
+def _both_namings(
+    view: _Checked, key: str, fused: Fused, members: Mapping[tuple[int, int], str]
+) -> Finding:
+    """A layer stored fused and per expert: the two held against each other."""
+    whole = view.array(key)
+    worst: tuple[str, str] | None = None
+    for (e, k), name in sorted(members.items()):
+        mine = view.array(name)
+        theirs = whole[fused.index(e, k, whole.shape)]
+        if not same_bytes(mine, theirs):
+            worst = (name, _delta(mine, theirs))
+            break
+    names = (key, *sorted(members.values())[:2])
+    if worst is not None:
+        return Finding(
+            "experts-differ", "error", (key, worst[0]), worst[1],
+            "the layer's experts are stored fused and per expert, and the two differ",
+        )  # fmt: skip
+    return Finding(
+        "expert-twice", "error", names, f"{len(members)} tensors",
+        "the layer's experts are stored fused and per expert, bit for bit alike; keep one",
+    )  # fmt: skip
 
 
 def _view(

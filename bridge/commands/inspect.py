@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.hf.config import config_dict
+from bridge.hf.experts import describe_experts
 from bridge.layouts.layout import Layout, as_layout
 from bridge.sources.registry import open_training, opened, reader_of
 from jaxshare.stream import TensorSource, TieReport
@@ -61,6 +62,9 @@ def inspect(
         return dataclasses.replace(report, notes=(*report.notes, *training.optimizer.describe()))
     with opened(path, arg="path") as source:
         report = source.report()
+        experts = describe_experts(source)  # (A mixture of experts: each layer's.)
+        if experts:
+            report = dataclasses.replace(report, notes=(*report.notes, *experts))
         if layout is None:
             return report
         chosen = as_layout(layout)

@@ -97,11 +97,22 @@ class ExpertsFamily:
       fused: its fused tensors.
       renames: ``(per-expert form, fused form)`` parts of every other name that
         differ between the two namings (Mixtral's ``.block_sparse_moe.`` is ``.mlp.``).
+      count: the ``config.json`` keys that give the number of experts of a layer.
     """
 
     model_types: tuple[str, ...]
     fused: tuple[Fused, ...]
     renames: tuple[tuple[str, str], ...] = ()
+    count: tuple[str, ...] = ()
+
+    def experts(self, config: Mapping[str, Any] | None) -> int | None:
+        """The number of experts of a layer that ``config`` gives, if it does.
+
+        >>> experts_family({"model_type": "mixtral"}).experts({"num_local_experts": 8})
+        8
+        """
+        found = (v for k in self.count if type(v := (config or {}).get(k)) is int)
+        return next(found, None)
 
     def fused_name(self, name: str) -> str:
         """A name of the per-expert naming as the fused naming spells it."""
@@ -166,7 +177,8 @@ def experts_families(path: Path = EXPERTS_TABLE) -> tuple[ExpertsFamily, ...]:
                 )
             fused.append(Fused(str(f["fused"]), experts, axis))
         renames = tuple((str(a), str(b)) for a, b in family.get("renames", {}).items())
-        families.append(ExpertsFamily(tuple(family["model_types"]), tuple(fused), renames))
+        count = tuple(str(k) for k in family.get("count", ()))
+        families.append(ExpertsFamily(tuple(family["model_types"]), tuple(fused), renames, count))
     return tuple(families)
 
 
@@ -353,3 +365,38 @@ def per_expert(source: TensorSource) -> TensorSource:
     if family is None or not any(family.fused_of(n) for n in source.infos):
         return source
     return PerExpertView(source, family)
+
+
+def describe_experts(source: TensorSource) -> list[str]:
+    """One line per layer of a mixture of experts: how many experts it holds, their
+    tensors, and how the files store them (fused or per expert).
+
+    >>> from jaxshare.stream import TensorSource, ArrayInfo
+    >>> class Moe(TensorSource):
+    ...     config = {"model_type": "qwen3_moe"}
+    ...     infos = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight": ArrayInfo((4, 2), "float32")
+    ...              for e in range(3) for p in ("gate", "up", "down")}
+    ...     def read(self, name): ...
+    >>> print(*describe_experts(Moe()))  # doctest: +NORMALIZE_WHITESPACE
+    experts: model.layers.0.mlp.experts: 3 experts (gate_proj.weight, up_proj.weight,
+    down_proj.weight), stored per expert
+    """
+    family = experts_family(source.config)
+    if family is None:
+        return []
+    stored = "fused" if isinstance(source, PerExpertView) else "per expert"
+    layers: dict[str, tuple[set[int], list[str]]] = {}
+    for name in source.infos:
+        found = family.expert_of(name)
+        if found is None:
+            continue
+        fused, part, prefix, e = found
+        head, tail = fused.experts[part].split(EXPERT)
+        experts, parts = layers.setdefault(prefix + head.rstrip("."), (set(), []))
+        experts.add(e)
+        if tail.lstrip(".") not in parts:
+            parts.append(tail.lstrip("."))
+    return [
+        f"experts: {where}: {len(experts)} experts ({', '.join(parts)}), stored {stored}"
+        for where, (experts, parts) in layers.items()
+    ]

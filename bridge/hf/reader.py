@@ -19,13 +19,16 @@ from jaxshare.stream import TensorSource
 __all__ = ["READER"]
 
 
-def _open(path: Path, *, rules: Rules | None = None) -> TensorSource:
+def _open(path: Path, *, rules: Rules | None = None, as_stored: bool = False) -> TensorSource:
     from bridge.hf.directory import HFDirectory  # (Its config's ties: only to read one.)
     from bridge.hf.experts import per_expert
 
     # (A mixture of experts saved fused reads in the per-expert names save_pretrained
-    # writes by default: both namings of one model convert alike.)
+    # writes by default: both namings of one model convert alike. `as_stored`: the
+    # names as the files hold them, for `check`.)
     directory = HFDirectory(path.parent if path.name == CONFIG_FILE else path, rules=rules)
+    if as_stored:
+        return directory
     try:
         return per_expert(directory)
     except BaseException:
@@ -40,5 +43,5 @@ READER = Reader(
     f"a Hugging Face directory (or its *{INDEX_SUFFIX})",
     is_hf_input,
     _open,
-    options=("rules",),
+    options=("rules", "as_stored"),
 )

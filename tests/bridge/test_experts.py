@@ -203,3 +203,56 @@ def test_fused_experts_is_for_a_mixture_of_experts_and_hf_outputs(tmp_path) -> N
             tmp_path / "out", tmp_path / "m.safetensors", config=tmp_path / "config.json",
             fused_experts=True,
         )  # fmt: skip
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_check_accounts_for_every_expert(moe, tmp_path) -> None:
+    """Both directories transformers 5 wrote are clean; a layer missing an expert, a
+    layer stored both ways (alike, then differing) are one error line each."""
+    from safetensors.torch import save_file as save_torch
+
+    name, _, root = moe
+    for kind in ("per", "fused"):
+        report = bridge.check(root / kind)
+        assert report.ok, report.lines()
+    per = load_file(root / "per" / "model.safetensors")
+    fused = load_file(root / "fused" / "model.safetensors")
+    layer = "model.layers.1."
+    expert = next(n for n in per if n.startswith(layer) and ".experts.2." in n)
+    missing = _copy(root / "per", tmp_path / "missing")
+    save_torch({n: t for n, t in per.items() if n != expert}, missing / "model.safetensors",
+               metadata={"format": "pt"})  # fmt: skip
+    report = bridge.check(missing)
+    assert [f.kind for f in report.findings] == ["expert-missing"], report.lines()
+    line = report.findings[0].render()
+    assert expert.split("experts.", 1)[1] in line and "(4 experts a layer)" in line
+    twice = _copy(root / "per", tmp_path / "twice")
+    gate_up = next(n for n in fused if n.startswith(layer) and n.endswith("gate_up_proj"))
+    both = {**per, gate_up: fused[gate_up]}
+    save_torch(both, twice / "model.safetensors", metadata={"format": "pt"})
+    report = bridge.check(twice)
+    assert [f.kind for f in report.findings] == ["expert-twice"], report.lines()
+    with pytest.raises(ValueError, match="keep one naming"):
+        bridge.open_source(twice)
+    differ = _copy(root / "per", tmp_path / "differ")
+    changed = fused[gate_up].clone()
+    changed[3, 0, 0] += 1
+    save_torch({**per, gate_up: changed}, differ / "model.safetensors", metadata={"format": "pt"})
+    (finding,) = bridge.check(differ).findings
+    assert finding.kind == "experts-differ" and finding.figure.startswith("max |Δ| = ")
+    assert ".experts.3." in finding.names[1]
+
+
+def test_inspect_shows_each_layers_experts(moe) -> None:
+    name, _, root = moe
+    for kind, stored in (("per", "per expert"), ("fused", "fused")):
+        lines = [n for n in bridge.inspect(root / kind).notes if n.startswith("experts: ")]
+        layers = 1 if name == "qwen2_moe" else 2  # (Qwen2-MoE's first layer is dense.)
+        assert len(lines) == layers, lines
+        assert all(": 4 experts (" in n and n.endswith(f"stored {stored}") for n in lines)

@@ -81,6 +81,15 @@ def gpt2() -> torch.nn.Module:
     )  # fmt: skip
 
 
+def qwen3_moe() -> torch.nn.Module:
+    return tiny(t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig,
+        vocab_size=32, hidden_size=8, intermediate_size=12, moe_intermediate_size=4,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+        num_experts=4, num_experts_per_tok=2, mlp_only_layers=[], max_position_embeddings=8,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+
+
 def pretrained(folder: Path, model: torch.nn.Module) -> torch.nn.Module:
     """``model``, saved into ``folder`` by its ``save_pretrained``."""
     model.save_pretrained(folder)
@@ -289,6 +298,26 @@ def build() -> None:
     with torch.no_grad():
         model.lm_head.weight.copy_(model.model.embed_tokens.weight)
     model.save_pretrained(d)
+
+    # Mixtures of experts: every expert accounted for.
+    fused = "model.layers.0.mlp.experts.gate_up_proj"
+    d = fixture("qwen3_moe_expert_missing", "", ["expert-missing"], "Megatron-LM#5844",
+                "a Qwen3-MoE whose layer 0 lacks expert 2's up_proj.weight, as a converter "
+                "that drops experts writes it")  # fmt: skip
+    pretrained(d, qwen3_moe())
+    add_tensors(d / "model.safetensors", {}, drop=("model.layers.0.mlp.experts.2.up_proj.weight",))
+    d = fixture("qwen3_moe_expert_twice", "", ["expert-twice"], "jaxshare",
+                "a Qwen3-MoE saved per expert whose file also holds layer 0's experts fused "
+                "(gate_up_proj), bit for bit alike: two namings of one layer")  # fmt: skip
+    model = pretrained(d, qwen3_moe())
+    add_tensors(d / "model.safetensors", {fused: model.state_dict()[fused]})
+    d = fixture("qwen3_moe_experts_differ", "", ["experts-differ"], "transformers#48805",
+                "a Qwen3-MoE saved per expert whose file also holds layer 0's experts fused, "
+                "from before a step of training: expert 1's gate differs")  # fmt: skip
+    model = pretrained(d, qwen3_moe())
+    stale = model.state_dict()[fused].clone()
+    stale[1, 0, 0] += 1
+    add_tensors(d / "model.safetensors", {fused: stale})
 
     (HERE / "manifest.json").write_text(json.dumps(MANIFEST, indent=2, sort_keys=True) + "\n")
 
