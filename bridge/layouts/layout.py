@@ -15,7 +15,7 @@ placing and naming use:
   ``weight`` (Llama, Mistral, Gemma, T5), Whisper's head named ``lm_head``, and
   Flax Llama's head, which it holds as a leaf of its own even when tied;
 - ``"maxtext"``: MaxText's scanned Llama, Mistral and Gemma (:mod:`bridge.layouts.maxtext`);
-- ``"tunix"``: google-tunix's NNX Qwen3, Llama 3 and Gemma 3 (text), tables by
+- ``"tunix"``: google-tunix's NNX Qwen3, Qwen3-MoE, Llama 3 and Gemma 3 (text), tables by
   ``model_type`` (:mod:`bridge.layouts.tunix`).
 
 A layout made of tables (:mod:`bridge.layouts.table`: entries from PyTorch name
@@ -331,7 +331,7 @@ def _tunix_tables() -> tuple[Table, ...]:
     return tunix_tables()
 
 
-#: google-tunix's NNX models of Qwen3, Llama 3 and Gemma 3 (text), by ``model_type``:
+#: google-tunix's NNX models of Qwen3, Qwen3-MoE, Llama 3 and Gemma 3 (text), by ``model_type``:
 #: ``layers/0/attn/q_proj/w``, the heads on axes of their own (``bridge.layouts.tunix``).
 TUNIX = Layout("tunix", collections=False, tables=_tunix_tables)
 

@@ -5,7 +5,7 @@ table per model, ``_get_key_and_transform_mapping(cfg)`` in
 ``tunix/models/*/params.py``: ``{torch regex: (nnx path, (permute, reshape))}``,
 then a hand-written post-step (Gemma 3 stacks q, k and v into one einsum
 kernel; Qwen3-MoE stacks its experts). The ``tunix`` layout ships that table
-for Qwen3, Llama 3 and Gemma 3 (text) as data
+for Qwen3, Qwen3-MoE, Llama 3 and Gemma 3 (text) as data
 (``bridge/layouts/tables/tunix/*.toml``), chosen by ``config.json``'s
 ``model_type``; :func:`from_tunix` turns any such mapping into a table of
 jaxshare's own, post-steps as stack entries, so a model Tunix adds converts

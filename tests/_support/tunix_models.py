@@ -142,7 +142,7 @@ import numpy as np
 #: The Tunix release this harness is written against (constraints/test.txt pins it).
 TUNIX_VERSION = "0.1.7"
 #: Our family names, by the ``model_type`` of a Hugging Face config.
-FAMILIES = {"qwen3": "qwen3", "llama": "llama3", "gemma3_text": "gemma3"}
+FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "llama": "llama3", "gemma3_text": "gemma3"}
 #: Tunix's modules of each family: the model, and the loader from safetensors.
 _MODULES = {
     "qwen3": ("tunix.models.qwen3.model", "tunix.models.qwen3.params"),
@@ -270,6 +270,14 @@ def tunix_config(hf_config: dict) -> Any:
         _require(c["hidden_act"] == "silu", family, f"activation {c['hidden_act']!r}")
         _require(not c.get("use_sliding_window"), family, "sliding window")
         _require(rope.get("rope_type", "default") == "default", family, "rope scaling")
+        if c["model_type"] == "qwen3_moe":  # (Every layer a mixture: Tunix's MoELayer.)
+            every = c.get("decoder_sparse_step", 1) == 1 and not c.get("mlp_only_layers")
+            _require(every, family, "dense layers among the experts' (mlp_only_layers)")
+            common.update(
+                hidden_dim=c["moe_intermediate_size"],
+                num_experts=c.get("num_experts") or c["num_local_experts"],
+                num_experts_per_tok=c["num_experts_per_tok"],
+            )
         return t.qwen3.model.ModelConfig(
             **common,
             vocab_size=c["vocab_size"],
@@ -339,6 +347,7 @@ def tiny_hf_config(family: str, tied: bool, fused_qkv: bool = False) -> dict:
 
     if fused_qkv and family != "gemma3":
         raise ValueError("fused_qkv: only Tunix's Gemma 3 fuses q, k and v")
+    # (qwen3_moe: Qwen3-MoE, 4 experts of MLP 32 in every layer, 2 a token.)
     common = dict(
         hidden_size=64,
         num_hidden_layers=2,
@@ -353,6 +362,17 @@ def tiny_hf_config(family: str, tied: bool, fused_qkv: bool = False) -> dict:
     if family == "qwen3":
         config = transformers.Qwen3Config(
             **common,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        )
+    elif family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(
+            **common,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         )

@@ -23,15 +23,17 @@ from jaxshare.formats import SafetensorsFile
 from jaxshare.internal import keypath_to_path, render, variable_value
 
 #: (family, tied, Gemma 3's fused q/k/v): Qwen3 tied and not, Llama 3 tied as 3.2-1B is,
-#: Gemma 3 with q alone and k/v stacked, and with q/k/v in one kernel.
+#: Gemma 3 with q alone and k/v stacked, and with q/k/v in one kernel, Qwen3-MoE (its
+#: experts stacked on an axis of their own, as Tunix's `_stack_experts` stacks them).
 CASES = [
     ("qwen3", True, False),
     ("qwen3", False, False),
     ("llama3", True, False),
     ("gemma3", True, False),
     ("gemma3", True, True),
+    ("qwen3_moe", False, False),
 ]
-IDS = ["qwen3-tied", "qwen3-untied", "llama3-tied", "gemma3", "gemma3-fused-qkv"]
+IDS = ["qwen3-tied", "qwen3-untied", "llama3-tied", "gemma3", "gemma3-fused-qkv", "qwen3-moe"]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +67,8 @@ def _hf_tensors(directory: Path) -> dict[str, np.ndarray]:
 
 
 #: Tunix's model class of each family.
-CLASSES = {"qwen3": "Qwen3", "llama": "Llama3", "gemma3_text": "Gemma3"}
-FAMILIES = {"qwen3": "qwen3", "llama": "llama3", "gemma3_text": "gemma3"}
+CLASSES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3", "llama": "Llama3", "gemma3_text": "Gemma3"}
+FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "llama": "llama3", "gemma3_text": "gemma3"}
 
 
 def test_to_flax_fills_a_sharded_tunix_model_as_tunix_loads_it(case, tm) -> None:
@@ -236,3 +238,30 @@ def test_inspect_shows_the_entry_of_each_tensor(case, capsys) -> None:
     assert "(entry " in out
     if config.get("tie_word_embeddings", True):
         assert "implicit tie: lm_head.weight is computed from model.embed_tokens.weight" in out
+
+
+def test_a_fused_qwen3_moe_directory_loads_as_the_per_expert_one(tmp_path, tm) -> None:
+    """transformers 5's fused naming (``save_original_format=False``) fills Tunix's
+    Qwen3-MoE with exactly what the per-expert directory does (Tunix reads only the
+    latter), and the way back writes the per-expert names or, asked, the fused ones."""
+    import torch
+    import transformers
+
+    per = tmp_path / "per"
+    config = tm.write_hf_dir(per, "qwen3_moe", False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(per, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "fused", save_original_format=False)
+    expected = tm.tunix_load(per, config)
+    like = nnx.state(expected, nnx.Param)
+    state, _ = bridge.to_flax(tmp_path / "fused", like=like, layout="tunix")
+    want = _flat(like)
+    assert {p: np.asarray(a).tobytes() for p, a in _flat(state).items()} == {
+        p: np.asarray(a).tobytes() for p, a in want.items()
+    }
+    assert want["layers/0/mlp/gate_proj"].shape == (4, 64, 32)
+    back = tmp_path / "back"
+    bridge.save_hf(back, expected, layout="tunix", config=per / "config.json", fused_experts=True)
+    fused = _hf_tensors(tmp_path / "fused")
+    assert {n: a.tobytes() for n, a in _hf_tensors(back).items()} == {
+        n: a.tobytes() for n, a in fused.items()
+    }
