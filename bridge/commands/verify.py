@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge.hf.experts import PerExpertView
 from bridge.naming.torch_naming import in_torch_names
 from bridge.sources.registry import opened
 from jaxshare import AliasMap
@@ -677,7 +678,9 @@ def _values(a: _Side, b: _Side, name: str, cast: np.dtype | None) -> list[_Step]
 
 
 def _against_manifest(a: str | os.PathLike | TensorSource, limit: int) -> VerifyReport:
-    with opened(a, arg="a") as source:
+    with opened(a, arg="a") as opened_a:
+        # (A mixture of experts saved fused: its manifest lists the fused tensors.)
+        source = opened_a.stored if isinstance(opened_a, PerExpertView) else opened_a
         manifest = source.manifest()
         if manifest is None:
             raise ValueError(

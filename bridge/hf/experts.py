@@ -256,6 +256,12 @@ class PerExpertView(_View):
         if source.layers is not None:
             self.layers = {family.per_expert_name(m): k for m, k in source.layers.items()}
 
+    @property
+    def stored(self) -> TensorSource:
+        """The source as its files name its tensors (fused), as a manifest written
+        with them lists them."""
+        return self._source
+
     def array(self, name: str) -> np.ndarray:
         stored, index = self._reads[name]
         if index is None:
