@@ -32,11 +32,14 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.memory import array_key as array_key
     from jaxshare.core.memory import memory_ties as memory_ties
     from jaxshare.core.memory import numpy_extent as numpy_extent
+    from jaxshare.core.naming import EXPERT as EXPERT
     from jaxshare.core.naming import LAYER as LAYER
+    from jaxshare.core.naming import STACKED as STACKED
     from jaxshare.core.naming import layer_name as layer_name
     from jaxshare.core.naming import layer_perm as layer_perm
     from jaxshare.core.naming import lift as lift
     from jaxshare.core.naming import stack_axis as stack_axis
+    from jaxshare.core.naming import stack_levels as stack_levels
     from jaxshare.core.naming import stack_prefix as stack_prefix
     from jaxshare.core.nnx import is_nnx_module as is_nnx_module
     from jaxshare.core.nnx import is_nnx_state as is_nnx_state
@@ -115,11 +118,14 @@ __getattr__, __dir__, __all__ = _exports(
             "numpy_extent",
         ],
         "jaxshare.core.naming": [
+            "EXPERT",
             "LAYER",
+            "STACKED",
             "layer_name",
             "layer_perm",
             "lift",
             "stack_axis",
+            "stack_levels",
             "stack_prefix",
         ],
         "jaxshare.core.nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],

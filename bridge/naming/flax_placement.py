@@ -37,7 +37,9 @@ from bridge.layouts.layout import Family, Layout, as_layout, layout_rules
 from bridge.layouts.rules import Rules, RulesArg, as_rules
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
+    EXPERT,
     LAYER,
+    STACKED,
     Perm,
     RetiedSource,
     StackedSource,
@@ -91,7 +93,9 @@ class TorchLeaf:
       buffer: ``True`` for a buffer, ``False`` for a parameter, ``None`` if unknown.
       stack: for a stack of layers (a key with ``{i}``, shape ``(L, *layer)``),
         the Flax axis the layers go on; ``None``: not a stack, or (with ``like=``)
-        to be found from the target's shapes.
+        to be found from the target's shapes. A layer's experts (a key with ``{e}``,
+        ``(E, *expert)``, or ``(L, E, *expert)`` under ``{i}`` too) keep their axis
+        first among a layer's, the layers' axis lifted out of their way.
     """
 
     key: str
@@ -104,6 +108,11 @@ class TorchLeaf:
     def stacked(self) -> bool:
         """Whether this is a stack of layers (its key has ``{i}``)."""
         return LAYER in self.key.split(".")
+
+    @property
+    def experts(self) -> bool:
+        """Whether this stacks a layer's experts (its key has ``{e}``)."""
+        return EXPERT in self.key.split(".")
 
     @property
     def module(self) -> tuple[str, ...]:
@@ -134,8 +143,17 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
     >>> candidates(TorchLeaf("wte.weight", (3, 2), layer="embedding"), Rules())
     [Candidate(collection='params', name='embedding', perm=None)]
     """
-    ndim = len(leaf.shape) - leaf.stacked  # (A stack's rules are its layers'.)
+    ndim = len(leaf.shape) - leaf.stacked - leaf.experts  # (A stack's rules: its layers'.)
     axes = [leaf.stack or 0] if leaf.stacked else [None]
+
+    def stacked(perm: Perm | None, axis: int | None) -> Perm | None:
+        """A layer's (or an expert's) permutation, the experts' axis then the layers'
+        lifted out of its way."""
+        inner = ndim
+        if leaf.experts:  # (A layer's experts first among its axes.)
+            perm, inner = lift(perm, inner, 0), inner + 1
+        return perm if axis is None else lift(perm, inner, axis)
+
     out: list[Candidate] = []
     for rule in rules.rules:
         if rule.torch != leaf.name or not rule.fits(ndim):
@@ -143,13 +161,13 @@ def candidates(leaf: TorchLeaf, rules: Rules) -> list[Candidate]:
         if leaf.layer is not None and rule.layers and leaf.layer not in rule.layers:
             continue
         for axis in axes:
-            perm = rule.perm(ndim) if axis is None else lift(rule.perm(ndim), ndim, axis)
-            target = Candidate(rule.collection, rule.flax, perm)
+            target = Candidate(rule.collection, rule.flax, stacked(rule.perm(ndim), axis))
             if target not in out:
                 out.append(target)
     if not out or leaf.layer is None:
-        perm = None if axes[0] is None else lift(None, ndim, axes[0])
-        fallback = Candidate("buffers" if leaf.buffer else "params", leaf.name, perm)
+        fallback = Candidate(
+            "buffers" if leaf.buffer else "params", leaf.name, stacked(None, axes[0])
+        )
         if fallback not in out:
             out.append(fallback)
     return out
@@ -170,7 +188,7 @@ def module_variants(
     """
     if renames:
         module = tuple(renames.get(part, part) for part in module)
-    module = tuple(part for part in module if part != LAYER)  # A stack: the layers' module.
+    module = tuple(part for part in module if part not in STACKED)  # A stack: its module.
     linen: list[str] = []
     for part in module:
         if part.isdigit() and linen:
@@ -439,16 +457,21 @@ def stack_layers(
     if source.flax_named:
         return source
     naming = (source.ties if ties is None else ties).naming
-    prefixes = set(rules.stacks)
+    # (A prefix under a layer's, 'model.layers.{i}.mlp.experts', stacks each layer's experts.)
+    experts = {p for p in rules.stacks if LAYER in p.split(".")}
+    prefixes = set(rules.stacks) - experts
     if naming:
         prefixes |= {p for n in naming.values() if (p := stack_prefix(n.torch)) is not None}
+        experts |= {p for n in naming.values() if (p := stack_prefix(n.torch, EXPERT)) is not None}
     if index is not None:
         prefixes |= _stacked_in(source, rules, index)
-    if not prefixes:
+    if not prefixes and not experts:
         return source
     if ties is not None and ties is not source.ties:
         source = RetiedSource(source, ties)  # (A caller's merged ties, checked already.)
-    return StackedSource(source, prefixes)
+    if experts:  # (Each layer's experts first, then the layers, experts and all.)
+        source = StackedSource(source, experts, EXPERT)
+    return StackedSource(source, prefixes) if prefixes else source
 
 
 def _stacked_in(

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PREFIX",
         help="scanned layers: the tensors PREFIX.{i}.* are one Flax leaf per weight, "
-        "stacked on the way to Flax and split on the way back (e.g. model.layers; repeatable)",
+        "stacked on the way to Flax and split on the way back (e.g. model.layers; repeatable); "
+        "a layer's experts: 'model.layers.{i}.mlp.experts'",
     )
     p.add_argument(
         "--stack-axis",

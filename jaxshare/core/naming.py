@@ -33,8 +33,10 @@ from jaxshare.core.perm import Perm, as_perm
 from jaxshare.core.strict_json import Kind, load_document
 
 __all__ = [
+    "EXPERT",
     "FORMAT",
     "LAYER",
+    "STACKED",
     "MAX_JSON_BYTES",
     "VERSION",
     "Naming",
@@ -43,6 +45,7 @@ __all__ = [
     "layer_perm",
     "lift",
     "stack_axis",
+    "stack_levels",
     "stack_prefix",
 ]
 
@@ -56,25 +59,46 @@ MAX_JSON_BYTES = 64 * 2**20
 
 #: What stands for the layer index in a stack's PyTorch name.
 LAYER = "{i}"
+#: What stands for the expert index in a stack of a mixture's experts
+#: (``model.layers.{i}.mlp.experts.{e}.gate_proj.weight``: layers on axis 0, experts on 1).
+EXPERT = "{e}"
+#: The placeholders of stacks, outermost first: a name holds each at most once, in this
+#: order, and its tensor holds one axis for each, in this order, before the rest.
+STACKED = (LAYER, EXPERT)
 
 
-def layer_name(template: str, index: int) -> str:
-    """The PyTorch name of layer ``index`` of the stack ``template``.
+def layer_name(template: str, index: int, placeholder: str = LAYER) -> str:
+    """The PyTorch name of layer (or expert) ``index`` of the stack ``template``.
 
     >>> layer_name("model.layers.{i}.mlp.weight", 3)
     'model.layers.3.mlp.weight'
+    >>> layer_name("model.layers.3.mlp.experts.{e}.w1.weight", 0, EXPERT)
+    'model.layers.3.mlp.experts.0.w1.weight'
     """
-    return template.replace(LAYER, str(index), 1)
+    return template.replace(placeholder, str(index), 1)
 
 
-def stack_prefix(template: str) -> str | None:
-    """The module prefix a stack's layers are under (``None``: not a stack).
+def stack_prefix(template: str, placeholder: str = LAYER) -> str | None:
+    """The module prefix a stack's layers (or experts) are under (``None``: not one).
 
     >>> stack_prefix("model.layers.{i}.mlp.weight"), stack_prefix("wte.weight")
     ('model.layers', None)
+    >>> stack_prefix("model.layers.{i}.mlp.experts.{e}.w1.weight", EXPERT)
+    'model.layers.{i}.mlp.experts'
     """
     parts = template.split(".")
-    return ".".join(parts[: parts.index(LAYER)]) if LAYER in parts else None
+    return ".".join(parts[: parts.index(placeholder)]) if placeholder in parts else None
+
+
+def stack_levels(template: str) -> int:
+    """How many stacked axes the tensor of ``template`` has before its own (layers,
+    experts).
+
+    >>> stack_levels("model.layers.{i}.mlp.experts.{e}.w1.weight"), stack_levels("a.weight")
+    (2, 0)
+    """
+    parts = template.split(".")
+    return sum(p in parts for p in STACKED)
 
 
 def lift(perm: Perm | None, ndim: int, axis: int) -> Perm | None:
@@ -150,10 +174,16 @@ def _check(path: Any, entry: Any) -> Naming:
     if not isinstance(name, str) or not name or "/" in name:
         raise ValueError(f"naming record: {path!r} names {name!r}, which is not a PyTorch name.")
     parts = name.split(".")
-    if parts.count(LAYER) > 1 or parts[-1] == LAYER or (LAYER in name and LAYER not in parts):
+    at = [parts.index(p) for p in STACKED if p in parts]
+    if (
+        any(parts.count(p) > 1 or (p in name and p not in parts) for p in STACKED)
+        or parts[-1] in STACKED
+        or at != sorted(at)
+    ):
         raise ValueError(
-            f"naming record: {path!r} names {name!r}; a stack's name has {LAYER} once, as a "
-            "module of its own (model.layers.{i}.mlp.weight)."
+            f"naming record: {path!r} names {name!r}; a stack's name has {LAYER} (and an "
+            f"expert stack's {EXPERT}, after it) once, as a module of its own "
+            "(model.layers.{i}.mlp.experts.{e}.w1.weight)."
         )
     return Naming(name, as_perm(entry.permute, f"naming record: the permutation of {path!r}"))
 

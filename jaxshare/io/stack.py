@@ -24,6 +24,8 @@ Nothing here imports JAX or torch.
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -31,7 +33,16 @@ from typing import Any
 import numpy as np
 
 from jaxshare.core.alias import AliasMap
-from jaxshare.core.naming import LAYER, layer_name, layer_perm, lift, stack_axis, stack_prefix
+from jaxshare.core.naming import (
+    EXPERT,
+    LAYER,
+    STACKED,
+    layer_name,
+    layer_perm,
+    lift,
+    stack_axis,
+    stack_prefix,
+)
 from jaxshare.core.perm import Perm
 from jaxshare.core.report import ArrayInfo
 from jaxshare.io.plan import Plan, PlanEntry, PlannedSource
@@ -88,27 +99,46 @@ def layer_prefixes(names: Iterable[str]) -> list[str]:
     return sorted(found)
 
 
-def _member(name: str, prefixes: Collection[str]) -> tuple[str, str, int] | None:
-    """``(prefix, template, index)`` of a per-layer name under one of ``prefixes``."""
-    for prefix in prefixes:
-        head = f"{prefix}."
-        if name.startswith(head):
-            index, dot, rest = name[len(head) :].partition(".")
-            if dot and index.isdigit() and (index == "0" or not index.startswith("0")):
-                return prefix, f"{head}{LAYER}.{rest}", int(index)
+def _member(
+    name: str, prefixes: Collection[str], placeholder: str = LAYER
+) -> tuple[str, str, int] | None:
+    """``(prefix, template, index)`` of a per-layer name under one of ``prefixes`` (for
+    experts, ``placeholder`` :data:`EXPERT`: a prefix may hold :data:`LAYER`, which
+    stands for any layer's index, ``model.layers.{i}.mlp.experts``); ``prefix`` is the
+    name's own (the layer's index in it)."""
+    for pattern in prefixes:
+        head = _prefix_regex(pattern).match(name)
+        if head is None:
+            continue
+        prefix = head.group(0)[:-1]
+        index, dot, rest = name[head.end() :].partition(".")
+        if dot and index.isdigit() and (index == "0" or not index.startswith("0")):
+            return prefix, f"{prefix}.{placeholder}.{rest}", int(index)
     return None
 
 
-def _check_prefix(prefix: Any) -> str:
+@functools.cache
+def _prefix_regex(pattern: str) -> re.Pattern[str]:
+    parts = [
+        "(?:0|[1-9][0-9]*)" if part == LAYER else re.escape(part) for part in pattern.split(".")
+    ]
+    return re.compile(r"\.".join(parts) + r"\.")
+
+
+def _check_prefix(prefix: Any, placeholder: str = LAYER) -> str:
+    parts = prefix.split(".") if isinstance(prefix, str) else []
+    layered = placeholder == EXPERT and parts.count(LAYER) == 1
     if (
         not isinstance(prefix, str)
         or not prefix
         or "/" in prefix
-        or LAYER in prefix
-        or any(not p for p in prefix.split("."))
+        or (LAYER in prefix and not layered)
+        or EXPERT in prefix
+        or any(not p for p in parts)
     ):
         raise ValueError(
-            f"a stack prefix is a PyTorch module path such as 'model.layers', got {prefix!r}."
+            f"a stack prefix is a PyTorch module path such as 'model.layers' (experts': "
+            f"'model.layers.{{i}}.mlp.experts'), got {prefix!r}."
         )
     return prefix
 
@@ -141,18 +171,23 @@ class StackedSource(SourceView):
     ({'h.{i}.w': ArrayInfo(shape=(3, 2), dtype='float32')}, [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
     """
 
-    def __init__(self, source: TensorSource, prefixes: Iterable[str]) -> None:
+    def __init__(
+        self, source: TensorSource, prefixes: Iterable[str], placeholder: str = LAYER
+    ) -> None:
         super().__init__(source)
-        prefixes = sorted({_check_prefix(p) for p in prefixes}, key=len, reverse=True)
+        prefixes = sorted({_check_prefix(p, placeholder) for p in prefixes}, key=len, reverse=True)
+        self.placeholder = placeholder
         layers: dict[str, dict[int, str]] = {}  # template -> {index: name}
         where: dict[str, tuple[str, int]] = {}  # name -> (template, index)
         order: list[str] = []
+        owner: dict[str, str] = {}  # template -> the prefix (pattern) it stacks under
         for name in source.infos:
-            found = _member(name, prefixes)
+            found = _member(name, prefixes, placeholder)
             if found is None:
                 order.append(name)
                 continue
             _, template, index = found
+            owner[template] = next(p for p in prefixes if _member(name, [p], placeholder))
             if template not in layers:
                 layers[template] = {}
                 order.append(template)
@@ -160,23 +195,26 @@ class StackedSource(SourceView):
             where[name] = (template, index)
         self._layers = {t: tuple(by[k] for k in sorted(by)) for t, by in layers.items()}
         self._where = where
-        empty = [p for p in prefixes if not any(stack_prefix(t) == p for t in layers)]
+        empty = [p for p in prefixes if p not in owner.values()]
         if empty:
             raise ValueError(
                 f"{source.where}: --stack {empty[0]!r} matches no tensor: no name starts "
-                f"with '{empty[0]}.<layer index>.' (the prefixes with numbered layers here: "
+                f"with '{empty[0]}.<{'expert' if placeholder == EXPERT else 'layer'} index>.' "
+                f"(the prefixes with numbered layers here: "
                 f"{layer_prefixes(source.infos)[:5] or 'none'})."
             )
-        counts = {  # Layers 0..L-1 of a prefix: L is one past its highest index.
-            p: 1 + max(max(by) for t, by in layers.items() if stack_prefix(t) == p)
-            for p in prefixes
+        # Layers 0..L-1 under a prefix (a layer's experts: under its own): one past its highest.
+        heads = {t: stack_prefix(t, placeholder) or "" for t in layers}
+        counts = {
+            head: 1 + max(max(by) for t, by in layers.items() if heads[t] == head)
+            for head in set(heads.values())
         }
         infos: dict[str, ArrayInfo] = {}
         for name in order:
             if name not in layers:
                 infos[name] = source.infos[name]
                 continue
-            infos[name] = self._stack_info(name, layers[name], counts[stack_prefix(name) or ""])
+            infos[name] = self._stack_info(name, layers[name], counts[heads[name]])
         self.infos = infos
         self.ties = self._ties(source.ties)
         self.origins = {a: o for a, o in source.origins.items() if a in self.ties}
@@ -189,10 +227,11 @@ class StackedSource(SourceView):
 
     def _stack_info(self, template: str, by: dict[int, str], count: int) -> ArrayInfo:
         missing = [k for k in range(count) if k not in by]
+        noun = "expert" if self.placeholder == EXPERT else "layer"
         if missing:
             raise ValueError(
-                f"{self.where}: the stack {template!r} misses layer(s) {missing[:5]} of "
-                f"0..{count - 1} (found {sorted(by)[:8]}); every layer needs each tensor."
+                f"{self.where}: the stack {template!r} misses {noun}(s) {missing[:5]} of "
+                f"0..{count - 1} (found {sorted(by)[:8]}); every {noun} needs each tensor."
             )
         infos = {k: self._source.infos[by[k]] for k in sorted(by)}
         first = infos[0]
@@ -243,7 +282,7 @@ class StackedSource(SourceView):
     ) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         for module, kind in layers.items():
-            found = _member(f"{module}.x", prefixes)
+            found = _member(f"{module}.x", prefixes, self.placeholder)
             out[found[1][:-2] if found else module] = kind
         return out
 
@@ -294,34 +333,37 @@ class UnstackedSource(SourceView):
     (['h.0.w', 'h.1.w', 'h.2.w'], [4.0, 5.0])
     """
 
-    def __init__(self, source: TensorSource) -> None:
+    def __init__(self, source: TensorSource, placeholder: str = LAYER) -> None:
         super().__init__(source)
+        self.placeholder = placeholder
         self._of: dict[str, tuple[str, int]] = {}
-        flat = [n for n, info in source.infos.items() if not info.shape and stack_prefix(n)]
+        of = functools.partial(stack_prefix, placeholder=placeholder)
+        flat = [n for n, info in source.infos.items() if not info.shape and of(n)]
         if flat:
             raise ValueError(f"{source.where}: the stack {flat[0]!r} is 0-D: it has no layers.")
         infos: dict[str, ArrayInfo] = {}
         for stack, info in source.infos.items():  # Stack after stack: see `array`.
-            if stack_prefix(stack) is None:
+            if of(stack) is None:
                 infos[stack] = info
                 continue
             for k in range(info.shape[0]):
-                infos[layer_name(stack, k)] = ArrayInfo(info.shape[1:], info.dtype)
-                self._of[layer_name(stack, k)] = (stack, k)
+                infos[layer_name(stack, k, placeholder)] = ArrayInfo(info.shape[1:], info.dtype)
+                self._of[layer_name(stack, k, placeholder)] = (stack, k)
         self.infos = infos
         self._whole: tuple[str, _Held] | None = None  # The stack read whole, if any.
         self._lock = threading.Lock()
         aliases: dict[str, str] = {}
         transforms: dict[str, Perm | None] = {}
         for alias, canonical in source.ties.items():
-            stacks = LAYER in alias.split("."), LAYER in canonical.split(".")
+            stacks = placeholder in alias.split("."), placeholder in canonical.split(".")
             perm = source.ties.transform(alias)
             if not any(stacks):
                 aliases[alias], transforms[alias] = canonical, perm
             elif all(stacks) and stack_axis(perm) == 0:
                 for k in range(source.infos[canonical].shape[0]):
-                    aliases[layer_name(alias, k)] = layer_name(canonical, k)
-                    transforms[layer_name(alias, k)] = layer_perm(perm)
+                    one = layer_name(alias, k, placeholder)
+                    aliases[one] = layer_name(canonical, k, placeholder)
+                    transforms[one] = layer_perm(perm)
             else:
                 raise ValueError(
                     f"{source.where}: {alias!r} is tied to {canonical!r} but not layer for "
@@ -340,7 +382,8 @@ class UnstackedSource(SourceView):
         template, k = stack
         layer = (slice(k, k + 1),)
         chunks = self._source.chunk_shape(template)
-        if chunks is None or chunks[0] <= 1:
+        # (A layer's experts, each a slice of the layer read once: held while they are read.)
+        if (chunks is None or chunks[0] <= 1) and self.placeholder == LAYER:
             return self._source.read_slice(template, layer)[0]
         # Read whole once, as stored: a planned stack's layers are transposed one by one.
         base, entry = (
@@ -389,7 +432,10 @@ def unstacked(plan: Plan, source: TensorSource) -> tuple[Plan, TensorSource]:
     where the plan keeps every output name of ``plan`` but the stacks, which are
     each layer's name, read from ``source`` through ``plan`` one slice at a time.
     A plan without stacks comes back as it is."""
-    if not any(LAYER in e.name.split(".") for e in plan.entries):
+    placeholders = [p for p in STACKED if any(p in e.name.split(".") for e in plan.entries)]
+    if not placeholders:
         return plan, source
-    layers = UnstackedSource(PlannedSource(source, plan))  # (Its ties carry the plan's record.)
+    layers: TensorSource = PlannedSource(source, plan)  # (Its ties carry the plan's record.)
+    for placeholder in placeholders:  # (Layers, then each layer's experts.)
+        layers = UnstackedSource(layers, placeholder)
     return Plan.identity(layers), layers

@@ -328,3 +328,84 @@ def test_a_fused_output_with_a_manifest_verifies_alone(moe, tmp_path) -> None:
     report = bridge.verify(out)
     assert report.ok and report.compared == len(_tensors(root / "fused")), report.lines()
     assert bridge.verify(root / "per", root / "fused").ok
+
+
+STACKS = {
+    "qwen3_moe": "model.layers.{i}.mlp.experts",
+    "qwen2_moe": "model.layers.{i}.mlp.experts",
+    "mixtral": "model.layers.{i}.block_sparse_moe.experts",
+}
+
+
+def _leaves(item) -> dict:
+    import jax
+
+    tree = checkpoint.restore(item)
+    return {
+        "/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
+        for kp, v in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def test_experts_stack_under_their_layers_from_either_naming(moe, tmp_path) -> None:
+    """``--stack model.layers --stack 'model.layers.{i}.mlp.experts'``: each expert weight
+    is one ``(L, E, in, out)`` leaf (Qwen2-MoE, whose first layer is dense, stacks its
+    experts alone: ``(E, in, out)`` a layer), the same from the per-expert and the fused
+    directory, bit for bit; the item goes back per expert or fused as transformers 5
+    wrote them."""
+    name, model, root = moe
+    dense_first = name == "qwen2_moe"
+    stacks = ["--stack", STACKS[name], *([] if dense_first else ["--stack", "model.layers"])]
+    items = {}
+    for kind in ("per", "fused"):
+        items[kind] = tmp_path / f"item-{kind}"
+        assert main(["convert", str(root / kind), str(items[kind]), *stacks, "--quiet"]) == 0
+    a, b = _leaves(items["per"]), _leaves(items["fused"])
+    assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    up = "w3" if name == "mixtral" else "up_proj"
+    key = f"params/model/layers/{'1/' if dense_first else ''}"
+    key += f"{'block_sparse_moe' if name == 'mixtral' else 'mlp'}/experts/{up}/kernel"
+    leaf = a[key][3] if dense_first else a[key][1, 3]  # (Layer 1's expert 3.)
+    assert a[key].shape[-3] == 4 and (dense_first or a[key].shape[0] == 2)
+    stored = next(
+        n for n in _tensors(root / "per") if n.startswith("model.layers.1.") and f".3.{up}." in n
+    )
+    assert _arrays({stored: np.ascontiguousarray(leaf.T)})[stored] == _tensors(root / "per")[stored]
+    for kind, extra in (("per", []), ("fused", ["--fused-experts"])):
+        back = tmp_path / f"back-{kind}"
+        assert main(["convert", str(items["fused"]), str(back), "--format", "hf", *extra,
+                     "--quiet"]) == 0  # fmt: skip
+        _same(_tensors(back), _tensors(root / kind))
+
+
+def test_experts_stack_alone_is_one_leaf_a_layer(tmp_path) -> None:
+    """``--stack 'model.layers.{i}.mlp.experts'`` alone: an ``(E, ...)`` leaf per layer;
+    a layer missing an expert is one line naming it."""
+    family = experts_family({"model_type": "qwen3_moe"})
+    rng = np.random.default_rng(0)
+    tensors = {
+        f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight": rng.standard_normal(
+            (3, 5) if p != "down" else (5, 3)
+        ).astype(np.float32)
+        for i in range(2)
+        for e in range(4)
+        for p in ("gate", "up", "down")
+    }
+    save_file(tensors, tmp_path / "m.safetensors")
+    item = tmp_path / "item"
+    bridge.convert(tmp_path / "m.safetensors", item, stack="model.layers.{i}.mlp.experts")
+    leaves = _leaves(item)
+    assert leaves["params/model/layers/1/mlp/experts/gate_proj/kernel"].shape == (4, 5, 3)
+    np.testing.assert_array_equal(
+        leaves["params/model/layers/1/mlp/experts/gate_proj/kernel"][2],
+        tensors["model.layers.1.mlp.experts.2.gate_proj.weight"].T,
+    )
+    assert family is not None
+    del tensors["model.layers.1.mlp.experts.2.up_proj.weight"]
+    save_file(tensors, tmp_path / "gap.safetensors")
+    with pytest.raises(ValueError) as e:
+        bridge.convert(
+            tmp_path / "gap.safetensors", tmp_path / "gap", stack="model.layers.{i}.mlp.experts"
+        )
+    assert "'model.layers.1.mlp.experts.{e}.up_proj.weight' misses expert(s) [2]" in str(e.value)
+    assert not (tmp_path / "gap").exists()
