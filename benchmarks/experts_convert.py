@@ -58,33 +58,55 @@ GOAL_LIMIT, GOAL_PEER = 1.5, 0.5
 
 def config_of(a: argparse.Namespace) -> dict:
     return {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-        "hidden_size": a.hidden, "num_hidden_layers": a.layers, "num_attention_heads": 8,
-        "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 4 * a.hidden,
-        "moe_intermediate_size": a.moe, "num_local_experts": a.experts,
-        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "vocab_size": a.vocab, "tie_word_embeddings": False, "dtype": "bfloat16",
-        "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    }  # fmt: skip
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": a.hidden,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 4 * a.hidden,
+        "moe_intermediate_size": a.moe,
+        "num_local_experts": a.experts,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": a.vocab,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+    }
 
 
 def specs(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The per-expert directory's tensors, in ``save_pretrained``'s (sorted) order."""
     h, q, kv = c["hidden_size"], 8 * 128, 4 * 128
-    out = [("lm_head.weight", (c["vocab_size"], h)), ("model.embed_tokens.weight", (c["vocab_size"], h)),
-           ("model.norm.weight", (h,))]  # fmt: skip
+    out = [
+        ("lm_head.weight", (c["vocab_size"], h)),
+        ("model.embed_tokens.weight", (c["vocab_size"], h)),
+        ("model.norm.weight", (h,)),
+    ]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
-                (p + "mlp.gate.weight", (c["num_local_experts"], h)),
-                (p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-                (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, q)),
-                (p + "self_attn.q_norm.weight", (128,)), (p + "self_attn.k_norm.weight", (128,))]  # fmt: skip
+        out += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "mlp.gate.weight", (c["num_local_experts"], h)),
+            (p + "self_attn.q_proj.weight", (q, h)),
+            (p + "self_attn.k_proj.weight", (kv, h)),
+            (p + "self_attn.v_proj.weight", (kv, h)),
+            (p + "self_attn.o_proj.weight", (h, q)),
+            (p + "self_attn.q_norm.weight", (128,)),
+            (p + "self_attn.k_norm.weight", (128,)),
+        ]
         for e in range(c["num_local_experts"]):
             m = c["moe_intermediate_size"]
-            out += [(f"{p}mlp.experts.{e}.gate_proj.weight", (m, h)),
-                    (f"{p}mlp.experts.{e}.up_proj.weight", (m, h)),
-                    (f"{p}mlp.experts.{e}.down_proj.weight", (h, m))]  # fmt: skip
+            out += [
+                (f"{p}mlp.experts.{e}.gate_proj.weight", (m, h)),
+                (f"{p}mlp.experts.{e}.up_proj.weight", (m, h)),
+                (f"{p}mlp.experts.{e}.down_proj.weight", (h, m)),
+            ]
     return sorted(out)
 
 
@@ -128,14 +150,26 @@ def peer(model: str, item: str) -> None:
         node[leaf] = np.stack([kernel(f"model.layers.{i}.{key}") for i in range(n)])
     experts = layers["mlp"].setdefault("experts", {})
     for w in ("gate_proj", "up_proj", "down_proj"):
-        experts[w] = {"kernel": np.stack([np.stack([
-            t[f"model.layers.{i}.mlp.experts.{x}.{w}.weight"].T for x in range(e)])
-            for i in range(n)])}  # fmt: skip
-    tree = {"params": {
-        "lm_head": {"kernel": kernel("lm_head.weight")},
-        "model": {"embed_tokens": {"embedding": t["model.embed_tokens.weight"]},
-                  "norm": {"scale": t["model.norm.weight"]}, "layers": layers},
-    }}  # fmt: skip
+        experts[w] = {
+            "kernel": np.stack(
+                [
+                    np.stack(
+                        [t[f"model.layers.{i}.mlp.experts.{x}.{w}.weight"].T for x in range(e)]
+                    )
+                    for i in range(n)
+                ]
+            )
+        }
+    tree = {
+        "params": {
+            "lm_head": {"kernel": kernel("lm_head.weight")},
+            "model": {
+                "embed_tokens": {"embedding": t["model.embed_tokens.weight"]},
+                "norm": {"scale": t["model.norm.weight"]},
+                "layers": layers,
+            },
+        }
+    }
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(Path(item).resolve(), tree)
         checkpointer.wait_until_finished()
@@ -151,8 +185,11 @@ def same_items(ours: str, theirs: str) -> None:
         a, b = c.restore(Path(ours).resolve()), c.restore(Path(theirs).resolve())
     fa = dict(jax.tree_util.tree_leaves_with_path(a))
     fb = dict(jax.tree_util.tree_leaves_with_path(b))
-    bad = [jax.tree_util.keystr(k) for k in fa if k not in fb
-           or np.asarray(fa[k]).tobytes() != np.asarray(fb[k]).tobytes()]  # fmt: skip
+    bad = [
+        jax.tree_util.keystr(k)
+        for k in fa
+        if k not in fb or np.asarray(fa[k]).tobytes() != np.asarray(fb[k]).tobytes()
+    ]
     print(
         json.dumps(
             {"leaves": len(fa), "differ": bad[:5] + sorted(map(str, fb.keys() - fa.keys()))[:5]}
@@ -195,8 +232,12 @@ def main() -> None:
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        {"build": lambda m, c: build(Path(m), json.loads(c)), "peer": peer,
-         "same_items": same_items, "same_dirs": same_dirs}[a.child[0]](*a.child[1:])  # fmt: skip
+        {
+            "build": lambda m, c: build(Path(m), json.loads(c)),
+            "peer": peer,
+            "same_items": same_items,
+            "same_dirs": same_dirs,
+        }[a.child[0]](*a.child[1:])
         return
     if a.quick:
         a.layers, a.experts, a.hidden, a.moe, a.vocab, a.rounds = 2, 4, 256, 64, 1000, 1
@@ -216,9 +257,15 @@ def main() -> None:
     subprocess.run([*cli, str(model), str(item), *stacks, "--quiet"], check=True, env=env)
     sides = {
         "in, ours": ([*cli, str(model), str(work / "in"), *stacks, "--quiet"], work / "in"),
-        "in, the peer": ([PYTHON, __file__, "--child", "peer", str(model), str(work / "peer")], work / "peer"),
-        "out, ours": ([*cli, str(item), str(work / "out"), "--format", "hf", "--quiet"], work / "out"),
-    }  # fmt: skip
+        "in, the peer": (
+            [PYTHON, __file__, "--child", "peer", str(model), str(work / "peer")],
+            work / "peer",
+        ),
+        "out, ours": (
+            [*cli, str(item), str(work / "out"), "--format", "hf", "--quiet"],
+            work / "out",
+        ),
+    }
     results: dict[str, list[dict]] = {k: [] for k in [*sides, "limit"]}
     loads = []
     import os
@@ -263,9 +310,11 @@ def main() -> None:
         return statistics.median(vals) if vals else float("nan")
 
     limit = med("limit", "wall_s")
-    print(f"Qwen3-MoE-shaped: {a.layers} layers x {a.experts} experts, hidden {a.hidden}, MLP "
-          f"{a.moe}, vocab {a.vocab}, bfloat16: {size / 1e9:.2f} GB; the largest stacked leaf "
-          f"{largest / MB:.0f} MiB. {a.rounds} round(s); load average {load_average([os.getloadavg(), *loads])}.")  # fmt: skip
+    print(
+        f"Qwen3-MoE-shaped: {a.layers} layers x {a.experts} experts, hidden {a.hidden}, MLP "
+        f"{a.moe}, vocab {a.vocab}, bfloat16: {size / 1e9:.2f} GB; the largest stacked leaf "
+        f"{largest / MB:.0f} MiB. {a.rounds} round(s). " + load_average([os.getloadavg(), *loads])
+    )
     print(f"{'side':<14} {'time s':>7} {'/limit':>7} {'/peer':>6} {'peak MiB':>9}")
     for side in sides:
         t = med(side, "wall_s")
@@ -277,8 +326,10 @@ def main() -> None:
         peer_ratio = t / med("in, the peer", "wall_s") if side == "in, ours" else float("nan")
         print(f"{side:<14} {t:7.2f} {t / limit:7.2f} {peer_ratio:6.2f} {peak:9.0f}")
     print(f"{'limit':<14} {limit:7.2f}")
-    print(f"Goals: each way <= {GOAL_LIMIT}x the limit; in, ours <= {GOAL_PEER}x the peer; "
-          f"peak <= {goal_mb:.0f} MiB. Per round: {json.dumps(results)}")  # fmt: skip
+    print(
+        f"Goals: each way <= {GOAL_LIMIT}x the limit; in, ours <= {GOAL_PEER}x the peer; "
+        f"peak <= {goal_mb:.0f} MiB. Per round: {json.dumps(results)}"
+    )
 
 
 if __name__ == "__main__":
