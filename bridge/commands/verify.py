@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +88,9 @@ class VerifyFinding:
 
     Attributes:
       kind: ``"missing"``, ``"extra"``, ``"shape"``, ``"dtype"``, ``"values"``,
-        ``"tie"``, ``"hash"`` (one-sided: a tensor its manifest hashes otherwise)
+        ``"swapped"`` (two experts of a layer whose names were swapped, beside their
+        values' findings), ``"tie"``, ``"hash"`` (one-sided: a tensor its manifest
+        hashes otherwise)
         -- differences -- or ``"copy"`` (an alias stored as a bit-identical copy
         where the other side ties it) and ``"unhashed"`` -- information.
       name: the tensor, in the compared naming.
@@ -501,6 +504,7 @@ def verify(
         view_a, view_b, naming = _views(source_a, source_b)
         steps, compared = _differences(view_a, view_b, cast)
         findings = _resolved(steps)
+        findings += _swapped_experts(view_a, view_b, findings)
         return VerifyReport(
             source_a.where,
             source_b.where,
@@ -511,6 +515,45 @@ def verify(
             tuple(findings),
             limit,
         )
+
+
+_EXPERT_NAME = re.compile(r"(?P<head>.*\.experts\.)(?P<e>0|[1-9][0-9]*)(?P<tail>\..+)")
+
+
+def _swapped_experts(a: _Side, b: _Side, findings: Sequence[VerifyFinding]) -> list[VerifyFinding]:
+    """Experts of one layer whose values differ where each holds, tensor for tensor,
+    what the other's names hold on the other side: their names were swapped (one line
+    a pair, beside their values' findings)."""
+    differ: dict[str, dict[int, set[str]]] = {}  # experts module: {expert: tensors}
+    for f in findings:
+        m = _EXPERT_NAME.fullmatch(f.name) if f.kind == "values" else None
+        if m is not None:
+            differ.setdefault(m["head"], {}).setdefault(int(m["e"]), set()).add(m["tail"])
+
+    def value(side: _Side, name: str) -> bytes:
+        return b"".join(np.ascontiguousarray(x).tobytes() for x in side.blocks(name))
+
+    def swapped(head: str, x: int, y: int, tails: set[str]) -> bool:
+        return all(
+            value(a, f"{head}{x}{t}") == value(b, f"{head}{y}{t}")
+            and value(a, f"{head}{y}{t}") == value(b, f"{head}{x}{t}")
+            for t in sorted(tails)
+        )
+
+    out = []
+    for head, experts in differ.items():
+        seen: set[int] = set()
+        for x in sorted(experts):
+            for y in sorted(experts):
+                if x < y and not {x, y} & seen and experts[x] == experts[y]:
+                    if swapped(head, x, y, experts[x]):
+                        seen |= {x, y}
+                        out.append(VerifyFinding(
+                            "swapped", f"{head}{x}", f"B's expert {y} is A's expert {x} and "
+                            f"the other way round ({len(experts[x])} tensors each): their names "
+                            "were swapped",
+                        ))  # fmt: skip
+    return out
 
 
 def _differences(a: _Side, b: _Side, cast: np.dtype | None) -> tuple[list[_Step], int]:

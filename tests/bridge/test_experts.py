@@ -409,3 +409,24 @@ def test_experts_stack_alone_is_one_leaf_a_layer(tmp_path) -> None:
         )
     assert "'model.layers.1.mlp.experts.{e}.up_proj.weight' misses expert(s) [2]" in str(e.value)
     assert not (tmp_path / "gap").exists()
+
+
+def test_verify_names_two_experts_whose_names_were_swapped(moe, tmp_path) -> None:
+    """A copy of the directory whose experts 1 and 2 of layer 1 trade names: each of
+    their tensors differs, and one line says they were swapped."""
+    from safetensors.torch import save_file as save_torch
+
+    name, _, root = moe
+    per = load_file(root / "per" / "model.safetensors")
+    swapped = dict(per)
+    for n in per:
+        if n.startswith("model.layers.1.") and ".experts.1." in n:
+            other = n.replace(".experts.1.", ".experts.2.")
+            swapped[n], swapped[other] = per[other], per[n]
+    out = _copy(root / "per", tmp_path / "swapped")
+    save_torch(swapped, out / "model.safetensors", metadata={"format": "pt"})
+    report = bridge.verify(root / "per", out)
+    assert not report.ok
+    (line,) = [f for f in report.findings if f.kind == "swapped"]
+    assert line.name.endswith(".experts.1") and "their names were swapped" in line.detail
+    assert {f.kind for f in report.findings} == {"values", "swapped"}
