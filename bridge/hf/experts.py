@@ -126,6 +126,38 @@ class ExpertsFamily:
             name = name.replace(fused, per_expert)
         return name
 
+    def held_name(self, name: str) -> str:
+        """The name the model class holds ``name``'s values under: a per-expert
+        tensor's fused tensor, any other name as the fused naming spells it.
+
+        >>> experts_family({"model_type": "mixtral"}).held_name(
+        ...     "model.layers.0.block_sparse_moe.experts.3.w1.weight")
+        'model.layers.0.mlp.experts.gate_up_proj'
+        """
+        found = self.expert_of(name)
+        if found is None:
+            return self.fused_name(name)
+        fused, _, prefix, _ = found
+        return self.fused_name(prefix) + fused.fused
+
+    def in_expert(self, module: str) -> bool:
+        """Whether ``module`` is one expert's or inside one (``mlp.experts.3``,
+        ``mlp.experts.3.gate_proj``), which a model holding its experts fused lacks.
+
+        >>> family = experts_family({"model_type": "qwen3_moe"})
+        >>> family.in_expert("model.layers.0.mlp.experts.3.gate_proj")
+        True
+        >>> family.in_expert("model.layers.0.mlp.experts")
+        False
+        """
+        for fused in self.fused:
+            for pattern in fused.experts:
+                rest = pattern.split(EXPERT)[1].lstrip(".").split(".")
+                for k in range(len(rest)):
+                    if self.expert_of(f"{module}.{'.'.join(rest[k:])}") is not None:
+                        return True
+        return False
+
     def fused_of(self, name: str) -> tuple[Fused, str] | None:
         """The fused tensor ``name`` is, and its layer's module prefix (with its dot)."""
         for fused in self.fused:

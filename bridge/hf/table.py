@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bridge.hf.experts import experts_family
 from bridge.layouts.rules import Rules, class_kind
 
 __all__ = [
@@ -195,13 +196,18 @@ def table_ties(
         return None
     ties = dict(entry["ties"][{True: "true", False: "false"}.get(flag, flag)])
     known = set(entry["names"])
-    if any(template(n) not in known for n in stored):
+    # (A mixture of experts saved per expert: the class holds each layer's experts fused.)
+    family = experts_family(config)
+    as_held = (lambda n: n) if family is None else family.held_name
+    if any(template(as_held(n)) not in known for n in stored):
         return None  # A tensor the class does not have here: a config this entry never saw.
     modules: Mapping[str, Any] = entry["modules"]
     classes: Sequence[Sequence[str]] = table["classes"]
     layers: dict[str, str | None] = {}
     for prefix in sorted(_owners([*stored, *ties, *ties.values()])):
-        found = modules.get(template(prefix))
+        found = modules.get(template(as_held(f"{prefix}.x")[:-2] if prefix else prefix))
+        if found is None and family is not None and family.in_expert(prefix):
+            continue  # (One expert's module: the class has none; its kind is not known.)
         if found is None:
             return None
         kinds = {

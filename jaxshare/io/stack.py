@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from jaxshare.core.alias import AliasMap
+from jaxshare.core.dtype import numpy_dtype
 from jaxshare.core.naming import (
     EXPERT,
     LAYER,
@@ -312,7 +313,23 @@ class StackedSource(SourceView):
             return self._source.read_slice(name, index)
         first, rest = (index[0], index[1:]) if index else (slice(None), ())
         picked = range(len(members))[first]
-        return np.stack([self._source.read_slice(members[k], rest) for k in picked])
+        layer = self._source.infos[members[0]]
+        shape = np.broadcast_to(np.empty((), np.bool_), layer.shape)[rest].shape
+        out = np.empty((len(picked), *shape), numpy_dtype(layer.dtype))
+        self._fill(name, index, out)
+        return out
+
+    def _fill(self, name: str, index: Index, out: np.ndarray) -> None:
+        """``read_slice(name, index)`` written into ``out``: each layer's slice copied
+        once, from a view of the source's memory where it has one (a stack of stacks,
+        a layer's experts, each filled in place)."""
+        members = self._layers[name]
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+        for j, k in enumerate(range(len(members))[first]):
+            if isinstance(self._source, StackedSource) and members[k] in self._source._layers:
+                self._source._fill(members[k], rest, out[j])
+            else:
+                out[j] = self._source.slice_view(members[k], rest)
 
 
 class UnstackedSource(SourceView):

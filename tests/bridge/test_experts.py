@@ -430,3 +430,26 @@ def test_verify_names_two_experts_whose_names_were_swapped(moe, tmp_path) -> Non
     (line,) = [f for f in report.findings if f.kind == "swapped"]
     assert line.name.endswith(".experts.1") and "their names were swapped" in line.detail
     assert {f.kind for f in report.findings} == {"values", "swapped"}
+
+
+def test_the_table_answers_for_either_naming_as_the_model_class_does(moe) -> None:
+    """A per-expert (or fused) directory's ties and layer kinds come from the table
+    generated from transformers, without torch, as the model class on the meta device
+    gives them: the class holds its experts fused, and an expert's own module is none
+    of its modules. (Qwen2-MoE's dense first layer is a layout the table's entry never
+    saw: the model class answers there.)"""
+    from bridge.hf.config import config_ties
+    from bridge.layouts.rules import Rules
+
+    name, _, root = moe
+    config = json.loads((root / "per" / "config.json").read_text())
+    for kind in ("per", "fused"):
+        with bridge.open_source(root / kind) as source:
+            stored = list(source.infos)
+        table = config_ties(config, stored, Rules(), need_model=False)
+        meta = config_ties(config, stored, Rules(), use_transformers=True)
+        assert table.tabulated == (name != "qwen2_moe") and not meta.tabulated
+        assert dict(table.ties) == dict(meta.ties)
+        shared = set(table.layers) & set(meta.layers)
+        assert {m: table.layers[m] for m in shared} == {m: meta.layers[m] for m in shared}
+        assert sorted(stored, key=table.order) == sorted(stored, key=meta.order) or kind == "per"
