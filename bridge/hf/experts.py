@@ -15,6 +15,10 @@ after transformers 5's ``conversion_mapping.py``.
   read into one array (what ``save_hf(fused_experts=True)`` and ``--fused-experts``
   write).
 
+A fused tensor is the layout engine's ops (:mod:`bridge.layouts.ops`): each expert's
+parts concatenated (``Concat``), the experts stacked on axis 0 (``Stack``); its shapes and
+each part's place in it are theirs.
+
 Both check that every expert of a layer is there, once, with the shape of the others.
 Nothing here imports torch or transformers.
 """
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge.layouts.ops import Concat, Stack
 from jaxshare import AliasMap
 from jaxshare.internal import SourceView
 from jaxshare.stream import ArrayInfo, TensorSource
@@ -75,17 +80,39 @@ class Fused:
     experts: tuple[str, ...]
     axis: int = 1
 
+    @property
+    def ops(self) -> tuple[Stack, Concat]:
+        """The layout engine's ops that make the fused tensor: each expert's parts
+        concatenated, then the experts stacked on axis 0."""
+        return Stack("e", 0), Concat("p", self.axis - 1)
+
     def per_expert_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """The shape of each per-expert tensor of a fused tensor of ``shape``."""
-        rest = list(shape[1:])
-        rest[self.axis - 1] //= len(self.experts)
-        return tuple(rest)
+        """The shape of each per-expert tensor of a fused tensor of ``shape``.
+
+        Raises:
+          ValueError: the parts do not divide the fused axis.
+        """
+        stack, concat = self.ops
+        return concat.part_shapes(stack.part_shapes(tuple(shape))[0], len(self.experts))[0]
+
+    def fused_shape(self, experts: int, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of the fused tensor of ``experts`` experts of per-expert ``shape``.
+
+        >>> Fused("mlp.experts.gate_up_proj", ("a.{e}.w", "b.{e}.w"), 1).fused_shape(4, (8, 16))
+        (4, 16, 16)
+        """
+        stack, concat = self.ops
+        return stack.combined([concat.combined([tuple(shape)] * len(self.experts))] * experts)
 
     def index(self, expert: int, part: int, shape: Sequence[int]) -> tuple[Any, ...]:
         """Where per-expert tensor ``part`` of ``expert`` lies in the fused tensor (the
         expert's axis taken away)."""
-        size = shape[self.axis] // len(self.experts)
-        return (expert, *[slice(None)] * (self.axis - 1), slice(part * size, (part + 1) * size))
+        stack, concat = self.ops
+        inner = stack.part_shapes(tuple(shape))[0]
+        return (
+            *stack.part_index(expert, tuple(shape)),
+            *concat.part_index(part, inner, len(self.experts)),
+        )
 
 
 @dataclass(frozen=True)
@@ -268,12 +295,13 @@ class PerExpertView(_View):
                 continue
             fused, prefix = found
             shape = info.shape
-            if len(shape) <= fused.axis or shape[fused.axis] % len(fused.experts):
+            try:
+                each = ArrayInfo(fused.per_expert_shape(shape), info.dtype)
+            except ValueError as e:
                 raise ValueError(
                     f"{source.where}: the fused experts {name!r} {shape} cannot hold "
-                    f"{len(fused.experts)} part(s) of equal size along axis {fused.axis}."
-                )
-            each = ArrayInfo(fused.per_expert_shape(shape), info.dtype)
+                    f"{len(fused.experts)} part(s) of equal size along axis {fused.axis} ({e})."
+                ) from None
             for e in range(shape[0]):
                 for k, pattern in enumerate(fused.experts):
                     own = family.per_expert_name(prefix) + pattern.replace(EXPERT, str(e))
@@ -362,9 +390,7 @@ class FusedView(_View):
                     f"{first.shape} {first.dtype}, {odd!r} is {source.infos[odd].shape} "
                     f"{source.infos[odd].dtype}; fused experts are of one shape."
                 )
-            shape = [count, *first.shape]
-            shape[fused.axis] *= len(fused.experts)
-            infos[own] = ArrayInfo(tuple(shape), first.dtype)
+            infos[own] = ArrayInfo(fused.fused_shape(count, first.shape), first.dtype)
             self._members[own] = (fused, table)
         self.infos = infos
         self._stored = {own: name for name, own in rename.items()}
