@@ -27,6 +27,7 @@ from bridge.layouts.rules import Rules, RulesArg, as_rules
 from bridge.naming.flax_placement import place_in, stack_layers, torch_leaves
 from jaxshare import AliasMap, NamingRecord
 from jaxshare.internal import (
+    EXPERT,
     LAYER,
     Perm,
     as_alias_map,
@@ -90,11 +91,17 @@ def torch_name(
         prefix, axis = stack
         module = [*module[:prefix], LAYER, *module[prefix:]]
         ndim -= 1
+    experts = _experts_of(module, rules) if ndim else None
+    if experts is not None:  # A layer's experts, first among its axes.
+        module = [*module[:experts], EXPERT, *module[experts:]]
+        ndim -= 1
     perm: Perm | None = None
     for rule in rules.rules:
         if rule.flax == name and collection in (None, rule.collection) and rule.fits(ndim):
             name, perm = rule.torch, rule.perm(ndim)
             break
+    if experts is not None:
+        perm, ndim = lift(perm, ndim, 0), ndim + 1
     if stack is not None:
         perm = lift(perm, ndim, stack[1])
     return ".".join([*module, name]), perm
@@ -106,6 +113,22 @@ def _stack_of(module: list[str], rules: Rules) -> tuple[int, int] | None:
         parts = prefix.split(".")
         if module[: len(parts)] == parts:
             return len(parts), axis
+    return None
+
+
+def _experts_of(module: list[str], rules: Rules) -> int | None:
+    """The length of the experts prefix (``model.layers.{i}.mlp.experts``, in
+    ``rules.stacks``) a module is in, if any: its ``{i}`` stands for the layers' stack
+    or any layer's index."""
+    for prefix in sorted(rules.stacks, key=len, reverse=True):
+        parts = prefix.split(".")
+        if LAYER not in parts or len(module) <= len(parts):
+            continue
+        if all(
+            p == m or (p == LAYER and (m == LAYER or m.isdigit()))
+            for p, m in zip(parts, module, strict=False)
+        ):
+            return len(parts)
     return None
 
 

@@ -453,3 +453,25 @@ def test_the_table_answers_for_either_naming_as_the_model_class_does(moe) -> Non
         shared = set(table.layers) & set(meta.layers)
         assert {m: table.layers[m] for m in shared} == {m: meta.layers[m] for m in shared}
         assert sorted(stored, key=table.order) == sorted(stored, key=meta.order) or kind == "per"
+
+
+def test_a_plain_orbax_item_of_stacked_experts_goes_back_with_stack(moe, tmp_path) -> None:
+    """An item of stacked experts that plain Orbax saved (no naming record, no config)
+    goes back to the per-expert directory with ``--config`` and the same ``--stack``
+    prefixes: the experts' axis and each expert's kernel undone, bit for bit."""
+    import orbax.checkpoint as ocp
+
+    name, _, root = moe
+    if name == "qwen2_moe":  # (A dense first layer: stacked experts alone, per layer.)
+        stacks = ["--stack", STACKS[name]]
+    else:
+        stacks = ["--stack", "model.layers", "--stack", STACKS[name]]
+    ours = tmp_path / "ours"
+    assert main(["convert", str(root / "per"), str(ours), *stacks, "--quiet"]) == 0
+    with ocp.StandardCheckpointer() as checkpointer:
+        tree = checkpointer.restore(ours.resolve())
+        checkpointer.save((tmp_path / "plain").resolve(), tree)
+    back = tmp_path / "back"
+    assert main(["convert", str(tmp_path / "plain"), str(back), "--format", "hf", *stacks,
+                 "--config", str(root / "per" / "config.json"), "--quiet"]) == 0  # fmt: skip
+    _same(_tensors(back), _tensors(root / "per"))
