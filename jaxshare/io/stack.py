@@ -106,15 +106,15 @@ def _member(
     """``(prefix, template, index)`` of a per-layer name under one of ``prefixes`` (for
     experts, ``placeholder`` :data:`EXPERT`: a prefix may hold :data:`LAYER`, which
     stands for any layer's index, ``model.layers.{i}.mlp.experts``); ``prefix`` is the
-    name's own (the layer's index in it)."""
+    one of ``prefixes`` it is under."""
     for pattern in prefixes:
         head = _prefix_regex(pattern).match(name)
         if head is None:
             continue
-        prefix = head.group(0)[:-1]
+        own = head.group(0)[:-1]  # (The layer's index in it.)
         index, dot, rest = name[head.end() :].partition(".")
         if dot and index.isdigit() and (index == "0" or not index.startswith("0")):
-            return prefix, f"{prefix}.{placeholder}.{rest}", int(index)
+            return pattern, f"{own}.{placeholder}.{rest}", int(index)
     return None
 
 
@@ -187,8 +187,8 @@ class StackedSource(SourceView):
             if found is None:
                 order.append(name)
                 continue
-            _, template, index = found
-            owner[template] = next(p for p in prefixes if _member(name, [p], placeholder))
+            pattern, template, index = found
+            owner[template] = pattern
             if template not in layers:
                 layers[template] = {}
                 order.append(template)
