@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from stream_convert import (
@@ -268,14 +270,10 @@ def main() -> None:
     }
     results: dict[str, list[dict]] = {k: [] for k in [*sides, "limit"]}
     loads = []
-    import os
-
     for r in range(a.rounds):
         order = list(results)[r % 4 :] + list(results)[: r % 4]
         for side in order:
             if side == "limit":
-                import time
-
                 dst = work / "copy.safetensors"
                 remove(dst)
                 os.sync()

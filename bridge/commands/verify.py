@@ -523,36 +523,38 @@ _EXPERT_NAME = re.compile(r"(?P<head>.*\.experts\.)(?P<e>0|[1-9][0-9]*)(?P<tail>
 def _swapped_experts(a: _Side, b: _Side, findings: Sequence[VerifyFinding]) -> list[VerifyFinding]:
     """Experts of one layer whose values differ where each holds, tensor for tensor,
     what the other's names hold on the other side: their names were swapped (one line
-    a pair, beside their values' findings)."""
+    a pair, beside their values' findings). Each differing tensor is hashed once a
+    side, and experts are paired by their hashes."""
     differ: dict[str, dict[int, set[str]]] = {}  # experts module: {expert: tensors}
     for f in findings:
         m = _EXPERT_NAME.fullmatch(f.name) if f.kind == "values" else None
         if m is not None:
             differ.setdefault(m["head"], {}).setdefault(int(m["e"]), set()).add(m["tail"])
-
-    def value(side: _Side, name: str) -> bytes:
-        return b"".join(np.ascontiguousarray(x).tobytes() for x in side.blocks(name))
-
-    def swapped(head: str, x: int, y: int, tails: set[str]) -> bool:
-        return all(
-            value(a, f"{head}{x}{t}") == value(b, f"{head}{y}{t}")
-            and value(a, f"{head}{y}{t}") == value(b, f"{head}{x}{t}")
-            for t in sorted(tails)
-        )
-
     out = []
     for head, experts in differ.items():
-        seen: set[int] = set()
-        for x in sorted(experts):
-            for y in sorted(experts):
-                if x < y and not {x, y} & seen and experts[x] == experts[y]:
-                    if swapped(head, x, y, experts[x]):
-                        seen |= {x, y}
-                        out.append(VerifyFinding(
-                            "swapped", f"{head}{x}", f"B's expert {y} is A's expert {x} and "
-                            f"the other way round ({len(experts[x])} tensors each): their names "
-                            "were swapped",
-                        ))  # fmt: skip
+
+        def digests(side: _Side, e: int, tails: list[str], head: str = head) -> tuple[str, ...]:
+            return tuple(tensor_digest(side.blocks(f"{head}{e}{t}")) for t in tails)
+
+        by_tails: dict[tuple[str, ...], list[int]] = {}
+        for e, tails in experts.items():
+            by_tails.setdefault(tuple(sorted(tails)), []).append(e)
+        for tails, group in by_tails.items():
+            if len(group) < 2:
+                continue
+            in_a = {e: digests(a, e, list(tails)) for e in group}
+            in_b = {digests(b, e, list(tails)): e for e in group}
+            seen: set[int] = set()
+            for x in sorted(group):
+                y = in_b.get(in_a[x])  # (B's expert holding A's expert x.)
+                if y is None or y <= x or {x, y} & seen or in_b.get(in_a[y]) != x:
+                    continue
+                seen |= {x, y}
+                out.append(VerifyFinding(
+                    "swapped", f"{head}{x}", f"B's expert {y} is A's expert {x} and "
+                    f"the other way round ({len(tails)} tensors each): their names "
+                    "were swapped",
+                ))  # fmt: skip
     return out
 
 

@@ -205,7 +205,8 @@ def table_ties(
     classes: Sequence[Sequence[str]] = table["classes"]
     layers: dict[str, str | None] = {}
     for prefix in sorted(_owners([*stored, *ties, *ties.values()])):
-        found = modules.get(template(as_held(f"{prefix}.x")[:-2] if prefix else prefix))
+        module = as_held(f"{prefix}.")[:-1] if prefix else prefix  # (A module, renamed.)
+        found = modules.get(template(module))
         if found is None and family is not None and family.in_expert(prefix):
             continue  # (One expert's module: the class has none; its kind is not known.)
         if found is None:

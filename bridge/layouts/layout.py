@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bridge.layouts.rules import DEFAULT_RULES, TABLES, Rule, Rules, RulesArg, as_rules
-from bridge.layouts.table import Table, TableFamily, read_table
+from bridge.layouts.rules import DEFAULT_RULES, Rule, Rules, RulesArg, as_rules
+from bridge.layouts.table import TABLES, Table, TableFamily, read_table
 from jaxshare.internal import split
 
 if TYPE_CHECKING:  # (The command's --help lists the layouts: no source is read then.)

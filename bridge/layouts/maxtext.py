@@ -114,12 +114,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 from bridge.layouts.ops import Add, Divide, Op, Scale, When
-from bridge.layouts.table import Table, read_table
+from bridge.layouts.table import TABLES, Table, read_table
 from bridge.layouts.view import TableToFlax, TableToTorch
 from jaxshare.formats import CONFIG_FILE
 from jaxshare.stream import TensorSource
@@ -136,7 +135,7 @@ __all__ = [
 ]
 
 #: Where the tables are: one per family.
-MAXTEXT_TABLES = Path(__file__).parent / "tables" / "maxtext"
+MAXTEXT_TABLES = TABLES / "maxtext"
 
 #: The nestings of MaxText's weights in an item, tried in this order: a run's
 #: ``TrainState`` (and what MaxText's converters write), then a bare ``params`` tree.

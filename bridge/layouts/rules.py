@@ -23,12 +23,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from bridge.layouts.ops import AXES
-from bridge.layouts.table import Entry, read_table
+from bridge.layouts.table import TABLES, Entry, read_table
 from jaxshare.internal import Perm
 
 __all__ = [
@@ -146,10 +145,6 @@ class Rule:
         warnings.warn(_RENAMED, DeprecationWarning, stacklevel=2)
         return self.axes
 
-
-#: The tables of the layouts of any module's leaves (``jaxshare.toml``,
-#: ``transformers-flax.toml``).
-TABLES = Path(__file__).parent / "tables"
 
 #: The rules, in order: the jaxshare layout's table (``tables/jaxshare.toml``). See
 #: the module docstring for how they are chosen.

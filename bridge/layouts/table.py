@@ -80,9 +80,23 @@ from typing import Any
 from bridge.layouts.ops import AXES, Concat, Op, Stack, When, parse_op
 from bridge.layouts.sizes import Scope, evaluate, names_in
 
-__all__ = ["MODULE", "Bound", "Entry", "Range", "Table", "TableFamily", "TableTie", "read_table"]
+__all__ = [
+    "MODULE",
+    "TABLES",
+    "Bound",
+    "Entry",
+    "Range",
+    "Table",
+    "TableFamily",
+    "TableTie",
+    "read_table",
+]
 
 Shape = tuple[int, ...]
+
+#: The shipped tables (``jaxshare.toml``, ``transformers-flax.toml``, ``tunix/``,
+#: ``maxtext/``).
+TABLES = Path(__file__).parent / "tables"
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -19,17 +19,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from functools import cache
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from bridge.layouts.ops import Op, Permute, Split, Stack
-from bridge.layouts.table import Entry, Table, TableTie, read_table
+from bridge.layouts.table import TABLES, Entry, Table, TableTie, read_table
 
 __all__ = ["TUNIX_TABLES", "from_tunix", "tunix_tables"]
 
 #: Where the shipped tables are.
-TUNIX_TABLES = Path(__file__).parent / "tables" / "tunix"
+TUNIX_TABLES = TABLES / "tunix"
 
 
 @cache
