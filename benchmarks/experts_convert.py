@@ -177,6 +177,60 @@ def peer(model: str, item: str) -> None:
         checkpointer.wait_until_finished()
 
 
+def cores(model: str) -> None:
+    """The cores' work no pipeline avoids, as ``roofline.py`` measures it (every core at
+    once, into buffers kept hot): each 2-D weight transposed as the item holds it
+    (jaxshare's tiled copy on threads), and the model's bytes through zstd at Orbax's
+    level 1 in 16 MiB chunks, compressed (the way in) and decoded (the way out). Prints
+    JSON seconds; the stages share the cores, so a route's cores limit is their sum."""
+    import concurrent.futures as cf
+    import threading
+
+    import numpy as np
+    import zstandard
+
+    from jaxshare.formats.safetensors import SafetensorsFile
+    from jaxshare.io.transpose import contiguous_transpose
+
+    with SafetensorsFile(f"{model}/model.safetensors") as f:
+        arrays = {n: np.array(f.array(n)) for n in f.infos}
+    flat = b"".join(a.tobytes() for a in arrays.values())
+    chunks = [flat[k : k + (16 << 20)] for k in range(0, len(flat), 16 << 20)]
+    # Every 2-D weight but the embedding is a kernel, transposed (the peer's `kernel`).
+    mats = [a for n, a in arrays.items() if a.ndim == 2 and "embed" not in n]
+    hot = {a.shape: np.empty(a.shape[::-1], a.dtype) for a in mats}
+    pool = cf.ThreadPoolExecutor(os.cpu_count() or 1)
+    local = threading.local()
+
+    def compress(raw: bytes) -> bytes:
+        local.c = getattr(local, "c", None) or zstandard.ZstdCompressor(level=1)
+        return local.c.compress(raw)
+
+    def decompress(frame: bytes) -> None:
+        zstandard.ZstdDecompressor().decompress(frame)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    frames = list(pool.map(compress, chunks))
+    print(
+        json.dumps(
+            {
+                "transpose_s": best(
+                    lambda: [contiguous_transpose(a, (1, 0), out=hot[a.shape]) for a in mats]
+                ),
+                "zstd_compress_s": best(lambda: list(pool.map(compress, chunks))),
+                "zstd_decode_s": best(lambda: list(pool.map(decompress, frames))),
+            }
+        )
+    )
+
+
 def same_items(ours: str, theirs: str) -> None:
     """Ours and the peer's item, restored with plain Orbax, leaf for leaf."""
     import jax
@@ -239,6 +293,7 @@ def main() -> None:
             "peer": peer,
             "same_items": same_items,
             "same_dirs": same_dirs,
+            "cores": cores,
         }[a.child[0]](*a.child[1:])
         return
     if a.quick:

@@ -84,6 +84,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.io.stack import per_layer as per_layer
     from jaxshare.io.stack import unstacked as unstacked
     from jaxshare.io.threads import parallel_map as parallel_map
+    from jaxshare.io.transpose import PARALLEL_BYTES as PARALLEL_BYTES
     from jaxshare.io.transpose import contiguous_transpose as contiguous_transpose
     from jaxshare.formats.deepspeed.files import STAND_INS as STAND_INS
     from jaxshare.formats.deepspeed.files import load_deepspeed_file as load_deepspeed_file
@@ -170,7 +171,7 @@ __getattr__, __dir__, __all__ = _exports(
             "unstacked",
         ],
         "jaxshare.io.threads": ["parallel_map"],
-        "jaxshare.io.transpose": ["contiguous_transpose"],
+        "jaxshare.io.transpose": ["PARALLEL_BYTES", "contiguous_transpose"],
         # The formats.
         "jaxshare.formats.deepspeed.files": ["STAND_INS", "load_deepspeed_file"],
         "jaxshare.formats.hf.files": ["HF_DIRECTORY", "check_not_a_shard", "is_hf_directory"],

@@ -14,7 +14,8 @@ placing and naming use:
   family quirks of :data:`TRANSFORMERS_FLAX_FAMILIES` -- RMS norms that keep
   ``weight`` (Llama, Mistral, Gemma, T5), Whisper's head named ``lm_head``, and
   Flax Llama's head, which it holds as a leaf of its own even when tied;
-- ``"maxtext"``: MaxText's scanned Llama, Mistral and Gemma (:mod:`bridge.layouts.maxtext`);
+- ``"maxtext"``: MaxText's scanned Llama, Mistral, Gemma, Mixtral and Qwen3-MoE
+  (:mod:`bridge.layouts.maxtext`);
 - ``"tunix"``: google-tunix's NNX Qwen3, Qwen3-MoE, Llama 3 and Gemma 3 (text), tables by
   ``model_type`` (:mod:`bridge.layouts.tunix`).
 
@@ -318,8 +319,8 @@ def _maxtext_tables() -> tuple[Table, ...]:
     return maxtext_tables()
 
 
-#: MaxText's layout of the Llama, Mistral and Gemma families (``params/params/decoder/
-#: layers/...``, the layers on axis 1): one table per family
+#: MaxText's layout of the Llama, Mistral, Gemma, Mixtral and Qwen3-MoE families
+#: (``params/params/decoder/layers/...``, the layers on axis 1): one table per family
 #: (``bridge/layouts/tables/maxtext/``), read with MaxText's options by
 #: ``bridge.layouts.maxtext``.
 MAXTEXT = Layout("maxtext", DEFAULT_RULES, view=_maxtext_view, tables=_maxtext_tables)

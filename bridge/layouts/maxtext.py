@@ -1,4 +1,5 @@
-"""MaxText's layout of the Llama, Mistral and Gemma families, in PyTorch names and back.
+"""MaxText's layout of the Llama, Mistral, Gemma, Mixtral and Qwen3-MoE families, in
+PyTorch names and back.
 
 A MaxText run keeps its decoder weights scanned: one array per weight for all
 ``L`` layers, stacked on axis ``param_scan_axis`` (1 by default), under
@@ -10,11 +11,14 @@ PyTorch state dict of the same model, one layer of one weight at a time, and
 Both apply MaxText's own conversions, which are not plain renamings: the heads
 are axes of their own, the query kernel carries the attention's
 ``1/sqrt(head_dim)``, Llama 3.1's RoPE pairs neighbouring features where
-Hugging Face pairs the two halves, and Gemma's norms and embedding hold
-Hugging Face's ``weight + 1`` and ``embedding * sqrt(hidden_size)``.
+Hugging Face pairs the two halves, Gemma's norms and embedding hold
+Hugging Face's ``weight + 1`` and ``embedding * sqrt(hidden_size)``, and a
+mixture of experts holds each expert weight of every layer in one array, the
+experts on an axis of their own.
 
 The conversions are data: one layout table per family,
-``bridge/layouts/tables/maxtext/{llama,mistral,gemma}.toml`` (:data:`MAXTEXT_FAMILIES`),
+``bridge/layouts/tables/maxtext/{llama,mistral,gemma,mixtral,qwen3_moe}.toml``
+(:data:`MAXTEXT_FAMILIES`),
 read both ways by the tables' engine (:class:`bridge.layouts.view.TableToTorch`,
 :class:`bridge.layouts.view.TableToFlax`). This module picks the table by
 ``config.json``'s ``model_type``, checks the config, and gives the table MaxText's
@@ -52,10 +56,25 @@ scan axis (``query/kernel`` is ``(E, L, H, D)``, a norm's ``scale`` ``(E, L)``):
 - Gemma: ``layers/pre_self_attention_norm/scale`` <->
   ``layers.{i}.input_layernorm.weight``, ``layers/pre_ffw_norm/scale`` <->
   ``layers.{i}.post_attention_layernorm.weight``: ``- 1`` [4, 5].
+- Mixtral: ``layers/MoeBlock_0/gate/kernel`` (E, X) <->
+  ``layers.{i}.block_sparse_moe.gate.weight`` (X, E): ``.T``; and
+  ``layers/MoeBlock_0/wi_0`` (X, E, F) <-> ``layers.{i}.block_sparse_moe.experts.{x}.w1.weight``
+  (F, E), ``wi_1`` <-> ``w3``, ``wo`` (X, F, E) <-> ``w2`` (E, F): expert ``x``'s
+  slice ``[x]``, ``.T`` [7]. No ``mlp``; attention and norms as Mistral's, the
+  query multiplied by ``float32(1/sqrt(D))`` [7].
+- Qwen3-MoE: ``layers/moe_block/gate/kernel`` <-> ``layers.{i}.mlp.gate.weight``,
+  ``layers/moe_block/wi_0``, ``wi_1``, ``wo`` <->
+  ``layers.{i}.mlp.experts.{x}.gate_proj.weight``, ``up_proj``, ``down_proj``: as
+  Mixtral's; ``layers/self_attention/query_norm/scale`` (D,) <->
+  ``layers.{i}.self_attn.q_norm.weight``, ``key_norm`` <-> ``k_norm``: as is; the
+  query not scaled [8].
 
 (``layers`` is ``decoder/layers``, ``layers.{i}`` is ``model.layers.{i}``; E hidden
-size, H query heads, K key-value heads, D head dim, F intermediate size, V the
-config's vocabulary, V' MaxText's, which pads Gemma's.) The sources:
+size, H query heads, K key-value heads, D head dim, F intermediate size (an expert's:
+Qwen3-MoE's ``moe_intermediate_size``), X experts, V the config's vocabulary, V'
+MaxText's, which pads Gemma's. An expert weight's stacked array is ``(X, L, E, F)``:
+the layers at the scan axis of the array that holds a layer's experts first.) The
+sources:
 
 1. ``checkpoint_conversion/utils/param_mapping.py``:
    ``LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING`` (the names, scanned and not) and
@@ -98,12 +117,40 @@ config's vocabulary, V' MaxText's, which pads Gemma's.) The sources:
    ``load_params_from_path`` ("On disk the weights live at
    ``params/params/...``"); ``configs/base.yml``: ``scan_layers: true``,
    ``param_scan_axis: 1``.
+7. ``checkpoint_conversion/utils/param_mapping.py``
+   ``MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING`` (scanned: per expert weight a nested
+   list, experts outer and layers inner; unscanned: a layer's list of experts) and
+   ``MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN`` (``reshape_kernel``: ``x.transpose()``;
+   ``reshape_and_transpose_attention``; ``scale_query_layer``:
+   ``(x * float32(1 / sqrt(head_dim))).astype(x.dtype)`` to MaxText, ``* float32(sqrt(
+   head_dim))`` to HF), applied by ``to_maxtext.py``: ``_build_multi_axis_stacked_tensor``
+   (an expert weight's experts and layers on axes 0 and 1) and
+   ``_build_single_axis_stacked_tensor`` (the rest on ``param_scan_axis``; an
+   unscanned layer's experts on axis 0), and the way back by ``utils/utils.py``
+   ``process_maxtext_param`` (the same axes sliced); ``models/mixtral.py``
+   (``MoeBlock_0``), ``layers/moe.py`` (``wi_0`` of ``(num_experts, emb, mlp)``);
+   ``configs/models/mixtral-8x7b.yml`` (``decoder_block: mixtral``,
+   ``logits_via_embedding: false``). ``standalone_scripts/llama_or_mistral_ckpt.py``
+   (its ``MoeBlock_0`` branch) writes the same tree, the query divided by
+   ``sqrt(head_dim)`` in bfloat16, and ``llama_mistral_mixtral_orbax_to_hf.py``
+   ``convert_state_to_hf`` reads it back (``w1`` from ``wi_0[k, layer].T``).
+8. ``checkpoint_conversion/utils/param_mapping.py`` ``QWEN_MAXTEXT_TO_HF_PARAM_MAPPING``
+   (``num_experts > 1``: ``moe_block``, laid out as in [7]) and
+   ``QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN`` (``reshape_kernel``, ``reshape_expert_kernel``:
+   a 2-D ``transpose(1, 0)``, ``pad_embedding_layer``), applied as in [7];
+   ``standalone_scripts/convert_qwen3_moe.py`` ``convert_hf_to_maxtext`` writes the
+   same tree; ``configs/models/qwen3-30b-a3b.yml``: ``decoder_block: qwen3_moe``.
 
 Where MaxText's own scripts differ, the tables do what the script for that
 model does: the query is scaled by ``1/sqrt(head_dim)`` in float32 [1, 5] for
 Llama with Llama 3 RoPE and for Gemma, divided by ``sqrt(head_dim)`` [2] for
 Mistral and other Llamas; to Hugging Face it is always multiplied back in
-float32 [1, 5]. Where ``sqrt(head_dim)`` is not a power of two (head dim 8,
+float32 [1, 5]; Mixtral's is multiplied both ways as numpy computes
+``x * np.float32(f)``, cast back to the weight's dtype [7]. MaxText's converters
+put an expert weight's experts and layers on axes 0 and 1 whatever
+``param_scan_axis`` says [7]; the tables put the layers on ``param_scan_axis``,
+as MaxText's scanned model holds every weight, which is the same at MaxText's
+default 1. Where ``sqrt(head_dim)`` is not a power of two (head dim 8,
 32, 128) the query does not come back bit for bit (about one float32 ulp), and
 neither do Gemma's norms (``(w + 1) - 1`` rounds). Nothing here imports torch,
 transformers or JAX.
@@ -147,7 +194,7 @@ _EMBEDDING, _NORM = "model.embed_tokens.weight", "model.norm.weight"
 
 @cache
 def maxtext_tables() -> tuple[Table, ...]:
-    """The shipped MaxText tables: Gemma, Llama, Mistral."""
+    """The shipped MaxText tables: Gemma, Llama, Mistral, Mixtral, Qwen3-MoE."""
     return tuple(read_table(path) for path in sorted(MAXTEXT_TABLES.glob("*.toml")))
 
 
@@ -172,11 +219,15 @@ class MaxTextFamily:
         with Llama 3 RoPE is converted by the latter.
       rope_from_config: a Llama 3 RoPE in ``config.json`` means MaxText's
         ``LLaMARotaryEmbedding`` (Llama 3.1): query and key features interleaved.
+      experts: the config key of its number of experts, for a family of
+        mixtures of experts (``None``: dense).
 
     >>> MAXTEXT_FAMILIES["gemma"].layer[0]
     ('self_attn.q_proj.weight', ('self_attention', 'query', 'kernel'))
     >>> MAXTEXT_FAMILIES["gemma"].norm_offset, MAXTEXT_FAMILIES["llama"].divides_query
     (1.0, True)
+    >>> MAXTEXT_FAMILIES["mixtral"].experts, MAXTEXT_FAMILIES["mixtral"].layer[-3]
+    ('num_local_experts', ('block_sparse_moe.experts.{e}.w2.weight', ('MoeBlock_0', 'wo')))
     """
 
     table: Table
@@ -219,6 +270,11 @@ class MaxTextFamily:
     def rope_from_config(self) -> bool:
         return "interleaved_rope" in self.table.derived
 
+    @property
+    def experts(self) -> str | None:
+        r = self.table.ranges.get("e")
+        return None if r is None else str(r.size)
+
 
 #: MaxText's layout of each family, by ``config.json``'s ``model_type``.
 MAXTEXT_FAMILIES: Mapping[str, MaxTextFamily] = MappingProxyType(
@@ -257,6 +313,13 @@ def _family(config: Any, where: str) -> MaxTextFamily:
             )
         return value
 
+    dense = (config.get("mlp_only_layers") or [], config.get("decoder_sparse_step") or 1)
+    if family.experts is not None and dense != ([], 1):
+        raise ValueError(
+            f"{where}: config.json sets mlp_only_layers {dense[0]!r}, decoder_sparse_step "
+            f"{dense[1]!r}, but MaxText's {family.decoder_block} layers are all mixtures of "
+            "experts (mlp_only_layers [], decoder_sparse_step 1)."
+        )
     hidden, heads = count("hidden_size"), count("num_attention_heads")
     count("num_hidden_layers")
     count("num_key_value_heads", heads)

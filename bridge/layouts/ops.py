@@ -17,6 +17,9 @@ inverse in the reverse order, so a table is never written twice. The ops:
 - ``{stack = "p", axis = 0}``: the tensors of each value of the placeholder
   ``{p}`` (named parts, ``q``/``k``/``v``, or the layers ``{i}``) stacked on a
   new axis; the axis may be an expression (``axis = "param_scan_axis"``);
+- stacks one right after another (``{stack = "e", axis = 0}, {stack = "i", axis =
+  1}``: a layer's experts on axis 0, then the layers on axis 1) are one
+  :class:`Stacks`: each combination's tensor on the grid of their new axes;
 - ``{concat = "p", axis = 0, sizes = [...]}``: the same, concatenated along an
   axis (each part's size along it, for the way back; default: equal parts);
 - ``{scale = "1 / sqrt(head_dim)"}``, ``{divide = "sqrt(head_dim)"}`` and
@@ -68,6 +71,7 @@ __all__ = [
     "Scale",
     "Split",
     "Stack",
+    "Stacks",
     "When",
     "parse_op",
 ]
@@ -411,6 +415,10 @@ class Stack(Op):
     axis: Any = 0
     unstacked: tuple[str, str] | None = None
 
+    @property
+    def overs(self) -> tuple[str, ...]:
+        return (self.over,)
+
     def bind(self, scope: Scope) -> Stack:
         if type(self.axis) is int:
             return self
@@ -443,6 +451,88 @@ class Stack(Op):
 
 
 @dataclass(frozen=True)
+class Stacks(Op):
+    """Stacks an entry lists one right after another, as one: the tensor of each
+    combination of their placeholders' values, on a new axis per stack (MaxText's
+    experts on axis 0, then its layers on ``param_scan_axis``).
+
+    The first stack is applied first (to each tensor), the last last, each axis
+    counted as that stack sees the shape; the parts are listed with the last
+    stack's placeholder slowest (layer by layer, each layer's experts in order).
+    Binding a table makes one of adjacent stacks; a table writes the stacks.
+
+    >>> s = Stacks((Stack("e", 0), Stack("i", 1)))
+    >>> s.combined([(2, 3)] * 12, (4, 3)), s.axes(4)
+    ((4, 3, 2, 3), (0, 1))
+    >>> s.part_index(5, (4, 3, 2, 3))  # expert 1 of layer 1
+    (1, 1)
+    >>> Stacks((Stack("e", 0), Stack("i", 0))).axes(4)  # the layers first
+    (1, 0)
+    """
+
+    stacks: tuple[Stack, ...]
+
+    @property
+    def over(self) -> str:
+        """The placeholders, as messages name the combination (``e, i``)."""
+        return ", ".join(s.over for s in self.stacks)
+
+    @property
+    def overs(self) -> tuple[str, ...]:
+        return tuple(s.over for s in self.stacks)
+
+    def bind(self, scope: Scope) -> Stacks:
+        return Stacks(tuple(s.bind(scope) for s in self.stacks))
+
+    def shape(self, shape: Shape) -> Shape:
+        raise TypeError("stacks combine parts: see `combined`")
+
+    def axes(self, ndim: int) -> tuple[int, ...]:
+        """Each stack's axis in a result of ``ndim`` axes, in the stacks' order."""
+        at: list[int] = []
+        for k, s in enumerate(self.stacks):
+            a = _axis(s.axis, ndim - len(self.stacks) + k + 1, f"stack over {{{s.over}}}")
+            at = [b + (b >= a) for b in at] + [a]
+        return tuple(at)
+
+    def counts(self, shape: Shape) -> tuple[int, ...]:
+        """How many values of each placeholder a result of ``shape`` stacks."""
+        return tuple(shape[a] for a in self.axes(len(shape)))
+
+    def combined(self, shapes: Sequence[Shape], counts: Sequence[int]) -> Shape:
+        """The result of the parts of ``shapes`` (in :class:`Stacks` order), of
+        ``counts`` values of each placeholder."""
+        if len(shapes) != math.prod(counts) or len(counts) != len(self.stacks):
+            raise ValueError(
+                f"stacks over {{{self.over}}}: {len(shapes)} parts are not "
+                f"{' x '.join(map(str, counts))}"
+            )
+        first = shapes[0]
+        if any(s != first for s in shapes):
+            raise ValueError(f"stacks over {{{self.over}}}: the parts' shapes differ: {shapes}")
+        out = first
+        for s, n in zip(self.stacks, counts, strict=True):
+            out = s.combined([out] * n)
+        return out
+
+    def part_shapes(self, shape: Shape) -> list[Shape]:
+        axes = self.axes(len(shape))
+        part = tuple(n for k, n in enumerate(shape) if k not in axes)
+        return [part] * math.prod(shape[a] for a in axes)
+
+    def part_index(self, k: int, shape: Shape) -> tuple[Any, ...]:
+        """The index of part ``k`` in a result of ``shape``: an int on each stack's axis."""
+        axes = self.axes(len(shape))
+        index: list[Any] = [slice(None)] * (max(axes) + 1)
+        for a in axes:  # (The first stack's placeholder fastest.)
+            k, index[a] = divmod(k, shape[a])
+        return tuple(index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stacks": [s.to_dict() for s in self.stacks]}
+
+
+@dataclass(frozen=True)
 class Concat(Op):
     """The tensors of each value of the placeholder ``over``, concatenated along
     ``axis``; ``sizes``: each part's size along it (default: equal)."""
@@ -450,6 +540,10 @@ class Concat(Op):
     over: str
     axis: Any = 0
     sizes: tuple[Any, ...] | None = None
+
+    @property
+    def overs(self) -> tuple[str, ...]:
+        return (self.over,)
 
     def bind(self, scope: Scope) -> Concat:
         axis = (

@@ -215,12 +215,17 @@ class Rules:
         written out from their canonical, not kept as an alias.
       stacks: PyTorch module prefix -> Flax axis, for scanned layers: the
         tensors ``model.layers.{k}.*`` are stacked into one leaf per weight under
-        ``model/layers``, the layers on that axis (see ``docs/scanned.md``).
+        ``model/layers``, the layers on that axis (see ``docs/scanned.md``); an
+        experts prefix (``'model.layers.{i}.mlp.experts'``) stacks experts the
+        same way (``docs/experts.md``). Prefixes alone (a sequence, or one
+        string) stack on axis 0, as ``--stack`` does.
 
     A :class:`bridge.Layout` makes the ``Rules`` of its Flax layout.
 
     >>> Rules(linen_lists=True).linen_lists
     True
+    >>> dict(Rules(stacks=["model.layers", "model.layers.{i}.mlp.experts"]).stacks)
+    {'model.layers': 0, 'model.layers.{i}.mlp.experts': 0}
     """
 
     rules: tuple[Rule, ...] = DEFAULT_RULES
@@ -243,9 +248,14 @@ class Rules:
                 f"Rules `modules` must map module names (no '.' or '/') to module names, got "
                 f"{dict(self.modules)!r}."
             )
+        stacks = self.stacks
+        if isinstance(stacks, str):
+            stacks = (stacks,)
+        if not isinstance(stacks, Mapping):  # Prefixes alone: each stacked on axis 0.
+            stacks = dict.fromkeys(stacks, 0)
         bad_stacks = {
             p: a
-            for p, a in dict(self.stacks).items()
+            for p, a in stacks.items()
             if not isinstance(p, str) or not p or "/" in p or type(a) is not int or a < 0
         }
         if bad_stacks:
@@ -254,7 +264,7 @@ class Rules:
                 f"axis >= 0, got {bad_stacks!r}."
             )
         object.__setattr__(self, "rules", rules)
-        object.__setattr__(self, "stacks", MappingProxyType(dict(self.stacks)))
+        object.__setattr__(self, "stacks", MappingProxyType(dict(stacks)))
         object.__setattr__(self, "layers", MappingProxyType(dict(self.layers)))
         object.__setattr__(self, "layer_names", MappingProxyType(dict(self.layer_names)))
         object.__setattr__(self, "modules", MappingProxyType(dict(self.modules)))

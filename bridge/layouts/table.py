@@ -7,7 +7,9 @@ Patterns hold placeholders: ``{i}`` (any placeholder without listed ``parts``)
 stands for a number, a layer's or an expert's; a placeholder with ``parts``
 (``p = ["q", "k", "v"]``) for one of the names listed. A placeholder of the
 PyTorch pattern that the Flax pattern lacks is one the entry stacks or
-concatenates over: the Flax leaf holds every value's tensor. A stack with a
+concatenates over: the Flax leaf holds every value's tensor (stacks one right
+after another, over two placeholders: every combination's, the experts of each
+layer on one axis and the layers on another). A stack with a
 ``when`` and ``unstacked`` stacks only where its condition holds; elsewhere each
 part is a leaf of its own, at the Flax path with one segment spelled as
 ``unstacked`` says (MaxText's layers, scanned into ``decoder/layers/...`` or not,
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,7 +80,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from bridge.layouts.ops import AXES, Concat, Op, Stack, When, parse_op
+from bridge.layouts.ops import AXES, Concat, Op, Stack, Stacks, When, parse_op
 from bridge.layouts.sizes import Scope, evaluate, names_in
 
 __all__ = [
@@ -121,7 +124,9 @@ class Entry:
       flax: the Flax path pattern, ``/``-separated (``layers/{i}/mlp/up/kernel``).
       ops: the ops from the PyTorch tensor(s) to the Flax leaf, in order; at most
         one stack or concat, which combines the tensors of its placeholder (a stack
-        with a ``when`` only where it holds: see :attr:`unstacked`).
+        with a ``when`` only where it holds: see :attr:`unstacked`), or stacks one
+        right after another, each over its own placeholder (a layer's experts on
+        one axis, then the layers on another).
       parts: ``{placeholder: names}`` of the named placeholders, in stacking order. A
         named placeholder the Flax path lacks and no op combines lists other
         spellings of one tensor (``post_{p}_layernorm``, ``p = ["ffw", "ffn"]``): the
@@ -179,9 +184,21 @@ class Entry:
 
     @property
     def combine(self) -> Stack | Concat | None:
-        """The stack or concat of the entry, if any (with a ``when`` or not)."""
+        """The (first) stack or concat of the entry, if any (with a ``when`` or not)."""
         ops = (op.op if isinstance(op, When) else op for op in self.ops)
         return next((op for op in ops if isinstance(op, Stack | Concat)), None)
+
+    @property
+    def respelled(self) -> Stack | None:
+        """The entry's stack with a ``when`` and ``unstacked``, if any."""
+        return next(
+            (
+                op.op
+                for op in self.ops
+                if isinstance(op, When) and isinstance(op.op, Stack) and op.op.unstacked
+            ),
+            None,
+        )
 
     @property
     def unstacked(self) -> str | None:
@@ -192,8 +209,8 @@ class Entry:
         ...     "unstacked": {"layers": "layers_{i}"}}, "entry 1"),)).unstacked
         'layers_{i}/w'
         """
-        combine = self.combine
-        if not isinstance(combine, Stack) or combine.unstacked is None or combine in self.ops:
+        combine = self.respelled
+        if combine is None or combine.unstacked is None:
             return None
         segment, spelling = combine.unstacked
         return "/".join(spelling if s == segment else s for s in self.flax.split("/"))
@@ -202,8 +219,8 @@ class Entry:
         """The entry as it applies where its conditional stack does (``stacked``: a
         plain stack) or does not (no stack, the :attr:`unstacked` path); the entry
         itself where it has no such stack."""
-        flax, combine = self.unstacked, self.combine
-        if flax is None or not isinstance(combine, Stack):
+        flax, combine = self.unstacked, self.respelled
+        if flax is None or combine is None:
             return self
         ops = [op for op in self.ops if not (isinstance(op, When) and op.op is combine)]
         if not stacked:
@@ -498,10 +515,18 @@ def _check_entry(entry: Entry, where: str) -> None:
     for pattern, names in ((entry.torch, torch_names), (entry.flax, flax_names)):
         if len(set(names)) != len(names):
             raise ValueError(f"{where}: {pattern!r} uses a placeholder twice")
+    at = [k for k, op in enumerate(entry.ops) if isinstance(op, Stack | Concat)]
     combines = [op for op in entry.ops if isinstance(op, Stack | Concat)]
-    if len(combines) > 1:
-        raise ValueError(f"{where}: at most one stack or concat per entry")
+    if len(combines) > 1 and (
+        any(isinstance(op, Concat) for op in combines) or at[-1] - at[0] != len(at) - 1
+    ):
+        raise ValueError(
+            f"{where}: at most one stack or concat per entry, or stacks one right after "
+            "another (a layer's experts, then the layers)"
+        )
     over = {op.over for op in combines}
+    if len(over) != len(combines):
+        raise ValueError(f"{where}: two stacks over one placeholder")
     missing = set(flax_names) - set(torch_names)
     if missing:
         raise ValueError(
@@ -578,8 +603,8 @@ def _check_any_module(entry: Entry, where: str) -> None:
 def _check_unstacked(entry: Entry, where: str) -> None:
     """The checks of a stack with a ``when`` and ``unstacked`` that its two
     resolved entries do not make."""
-    combine = entry.combine
-    assert isinstance(combine, Stack) and combine.unstacked is not None
+    combine = entry.respelled
+    assert combine is not None and combine.unstacked is not None
     segment, spelling = combine.unstacked
     count = entry.flax.split("/").count(segment)
     if count != 1:
@@ -883,19 +908,22 @@ class BoundEntry:
       index: its place in the table (from 0).
       before, combine, after: its ops before its stack or concat, that op, and the
         ops after it (``before`` holds every op when there is none); the ops whose
-        ``when`` is false left out.
+        ``when`` is false left out. Stacks one right after another are one
+        :class:`bridge.layouts.ops.Stacks`.
       torch_re, flax_re: its patterns as regular expressions.
       optional: whether a source may lack its tensors, for this config.
       shape: the shape of each of its PyTorch tensors, for this config, if given.
       count: how many tensors its stack or concat combines, where the table says
         (its placeholder's ``parts`` or ``ranges``).
+      counts: for :class:`bridge.layouts.ops.Stacks`, how many values of each
+        placeholder, where the table says.
       leaf_shape: the shape of its Flax leaf, where ``shape`` (and ``count``) say.
     """
 
     entry: Entry
     index: int
     before: tuple[Op, ...]
-    combine: Stack | Concat | None
+    combine: Stack | Stacks | Concat | None
     after: tuple[Op, ...]
     torch_re: re.Pattern[str]
     flax_re: re.Pattern[str]
@@ -903,10 +931,14 @@ class BoundEntry:
     shape: Shape | None = None
     count: int | None = None
     leaf_shape: Shape | None = None
+    counts: tuple[int, ...] | None = None
 
     @property
     def ops(self) -> tuple[Op, ...]:
-        middle = () if self.combine is None else (self.combine,)
+        combine = self.combine
+        middle = () if combine is None else (combine,)
+        if isinstance(combine, Stacks):
+            middle = combine.stacks
         return (*self.before, *middle, *self.after)
 
     @property
@@ -926,7 +958,7 @@ def invert_shapes(entry: BoundEntry, shape: Shape, parts: int, where: str) -> li
         part_shapes = [combined]
     else:
         try:
-            if isinstance(combine, Stack):
+            if isinstance(combine, Stack | Stacks):
                 part_shapes = combine.part_shapes(combined)
             else:
                 part_shapes = combine.part_shapes(combined, parts)
@@ -997,7 +1029,7 @@ class Bound:
                 continue
             if entry.unstacked is not None:
                 stacked = next(
-                    op for op in entry.ops if isinstance(op, When) and op.op is entry.combine
+                    op for op in entry.ops if isinstance(op, When) and op.op is entry.respelled
                 )
                 entry = entry.resolved(self._holds(stacked.condition, at))
                 at = f"{self.where}: entry {k + 1} ({entry.describe()})"
@@ -1011,23 +1043,35 @@ class Bound:
             optional = entry.optional
             if isinstance(optional, str):
                 optional = self._holds(optional, at, "optional")
+            combine: Stack | Stacks | Concat | None
             combine = next((op for op in ops if isinstance(op, Stack | Concat)), None)
             cut = ops.index(combine) if combine is not None else len(ops)
-            count = None
+            end = cut + (combine is not None)
+            while isinstance(combine, Stack) and end < len(ops) and isinstance(ops[end], Stack):
+                end += 1
+            if end - cut > 1:
+                combine = Stacks(tuple(op for op in ops[cut:end] if isinstance(op, Stack)))
+            count = counts = None
             if combine is not None:
-                named = entry.parts.get(combine.over)
-                count = len(named) if named is not None else self.ranges.get(combine.over)
+                each = [
+                    len(named) if (named := entry.parts.get(o)) is not None else self.ranges.get(o)
+                    for o in combine.overs
+                ]
+                known = [n for n in each if n is not None]
+                counts = tuple(known) if len(known) == len(each) else None
+                count = math.prod(counts) if counts is not None else None
             bound = BoundEntry(
                 entry,
                 k,
                 ops[:cut],
                 combine,
-                ops[cut + 1 :],
+                ops[end:],
                 _regex(entry.torch, entry.parts),
                 _regex(entry.flax, entry.parts),
                 optional,
                 shape,
                 count,
+                counts=counts,
             )
             entries.append(self._with_leaf_shape(bound, at))
         self.entries: tuple[BoundEntry, ...] = tuple(entries)
@@ -1048,7 +1092,10 @@ class Bound:
         part = chain(entry.before, shape, at)[-1]
         if entry.combine is not None:
             try:
-                part = entry.combine.combined([part] * parts)
+                if isinstance(entry.combine, Stacks):
+                    part = entry.combine.combined([part] * parts, entry.counts or ())
+                else:
+                    part = entry.combine.combined([part] * parts)
             except ValueError as e:
                 raise ValueError(f"{at}: {e}") from None
         leaf = chain(entry.after, part, at)[-1]
@@ -1177,12 +1224,12 @@ class Bound:
         ``ranges``; ``None`` where one has neither."""
         pattern = entry.entry.flax if flax else entry.entry.torch
         in_flax = set(placeholders(entry.entry.flax))
-        over = entry.combine.over if entry.combine is not None else None
+        overs = entry.combine.overs if entry.combine is not None else ()
         combos: list[dict[str, str]] = [{}]
         for p in placeholders(pattern):
             named = entry.entry.parts.get(p)
             if named is not None:
-                values = list(named if p in in_flax or p == over else named[:1])
+                values = list(named if p in in_flax or p in overs else named[:1])
             elif p in self.ranges:
                 values = [str(k) for k in range(self.ranges[p])]
             else:
@@ -1192,14 +1239,16 @@ class Bound:
 
     def order_key(self, entry: BoundEntry, values: Mapping[str, str]) -> tuple[Any, ...]:
         """Where a PyTorch tensor of ``entry`` with placeholder ``values`` comes in the
-        model's own order (``state_dict()``'s): consecutive entries over the same
-        numbered placeholders form a block, listed layer by layer."""
+        model's own order (``state_dict()``'s): consecutive entries whose first
+        numbered placeholder is the same form a block, listed layer by layer (a
+        layer's experts within its layer, entry by entry)."""
         block, numbered = self._blocks[entry.index]
         named = entry.entry.parts
         return (
             block,
-            tuple(int(values.get(p) or 0) for p in numbered),
+            tuple(int(values.get(p) or 0) for p in numbered[:1]),
             entry.index,
+            tuple(int(values.get(p) or 0) for p in numbered[1:]),
             tuple(
                 named[p].index(values[p]) if values.get(p) in named[p] else 0
                 for p in placeholders(entry.entry.torch)
@@ -1212,10 +1261,10 @@ class Bound:
         block, last = -1, None
         for e in self.entries:
             numbered = tuple(p for p in placeholders(e.entry.torch) if p not in e.entry.parts)
-            if not numbered or numbered != last:
+            if not numbered or numbered[:1] != last:
                 block += 1
             blocks[e.index] = (block, numbered)
-            last = numbered
+            last = numbered[:1]
         return blocks
 
     def torch_shapes(self) -> dict[str, Shape]:

@@ -22,6 +22,7 @@ holds is checked before anything is read, and each fault is one line naming it.
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bridge.layouts.ops import Box, Concat, Merge, Op, Permute, Split, Stack
+from bridge.layouts.ops import Box, Concat, Merge, Op, Permute, Split, Stack, Stacks, When
 from bridge.layouts.table import (
     Bound,
     BoundEntry,
@@ -192,7 +193,8 @@ class _Leaf:
 
     entry: BoundEntry
     names: list[str] = field(default_factory=list)
-    values: list[str | None] = field(default_factory=list)
+    #: Each tensor's values of the placeholders its entry combines over.
+    values: list[tuple[str, ...]] = field(default_factory=list)
     torch_shapes: list[Shape] = field(default_factory=list)
     #: Each part's shapes through the ops before the combine (the last: the part's).
     chains: list[list[Shape]] = field(default_factory=list)
@@ -213,42 +215,56 @@ def _part_index(entry: BoundEntry, combined: Shape, parts: int, k: int) -> Index
     """The index of part ``k`` of ``parts`` in a leaf whose combined shape is
     ``combined`` (before the ops after its stack or concat)."""
     combine = entry.combine
-    if isinstance(combine, Stack):
+    if isinstance(combine, Stack | Stacks):
         return combine.part_index(k, combined)
     assert isinstance(combine, Concat)
     return combine.part_index(k, combined, parts)
 
 
-def _order(entry: BoundEntry, values: list[str | None], where: str) -> list[int]:
-    """The order of a leaf's parts (``values`` of its combined placeholder), checked
-    complete: every named part, or layers ``0 .. n-1``."""
+def _order(entry: BoundEntry, values: list[tuple[str, ...]], where: str) -> list[int]:
+    """The order of a leaf's parts (``values`` of its combined placeholders), checked
+    complete: every named part, or layers ``0 .. n-1`` (of stacks one after another:
+    every combination, the last stack's placeholder slowest)."""
     combine = entry.combine
     if combine is None:
         return [0]
-    named = entry.entry.parts.get(combine.over)
-    if named is not None:
-        missing = [v for v in named if v not in values]
-        if missing:
+    ranks: list[dict[str, int]] = []
+    for j, over in enumerate(combine.overs):
+        column = [v[j] for v in values]
+        named = entry.entry.parts.get(over)
+        if named is not None:
+            missing = [v for v in named if v not in column]
+            if missing:
+                raise ValueError(
+                    f"{where}: {entry.describe()} {combine.to_dict()} lacks the part "
+                    f"{{{over}}}={missing[0]!r}"
+                )
+            ranks.append({v: named.index(v) for v in named})
+            continue
+        numbers = sorted({int(v) for v in column})
+        if numbers != list(range(len(numbers))):
+            gap = next(i for i, n in enumerate(numbers) if i != n)
             raise ValueError(
-                f"{where}: {entry.describe()} {combine.to_dict()} lacks the part "
-                f"{{{combine.over}}}={missing[0]!r}"
+                f"{where}: {entry.describe()} stacks {{{over}}} 0..{numbers[-1]}, "
+                f"but {{{over}}}={gap} is missing"
             )
-        return [values.index(v) for v in named]
-    numbers = sorted(int(v) for v in values if v is not None)
-    if numbers != list(range(len(numbers))):
-        gap = next(i for i, n in enumerate(numbers) if i != n)
-        raise ValueError(
-            f"{where}: {entry.describe()} stacks {{{combine.over}}} 0..{numbers[-1]}, "
-            f"but {{{combine.over}}}={gap} is missing"
-        )
-    return sorted(range(len(values)), key=lambda k: int(values[k]))  # type: ignore[arg-type]
+        ranks.append({str(n): n for n in numbers})
+    have = set(values)
+    for combo in itertools.product(*(list(r) for r in ranks)):
+        if combo not in have:
+            labels = ", ".join(f"{{{o}}}={v}" for o, v in zip(combine.overs, combo, strict=True))
+            raise ValueError(f"{where}: {entry.describe()} stacks no tensor for {labels}")
+    return sorted(
+        range(len(values)),
+        key=lambda k: tuple(r[v] for r, v in zip(ranks[::-1], values[k][::-1], strict=True)),
+    )
 
 
 def _spellings(entry: BoundEntry) -> list[str]:
     """The named placeholders of ``entry`` that spell one tensor in several ways."""
     in_flax = set(placeholders(entry.entry.flax))
-    over = entry.combine.over if entry.combine is not None else None
-    return [p for p in entry.entry.parts if p not in in_flax and p != over]
+    overs = entry.combine.overs if entry.combine is not None else ()
+    return [p for p in entry.entry.parts if p not in in_flax and p not in overs]
 
 
 def _near(name: str, names: Iterable[str]) -> str:
@@ -407,9 +423,9 @@ class TableToFlax(_TableSource):
                 continue
             assert found is not None
             entry, values = found
-            over = entry.combine.over if entry.combine is not None else None
+            overs = entry.combine.overs if entry.combine is not None else ()
             path = self._top + fill(
-                entry.entry.flax, {k: v for k, v in values.items() if k != over}
+                entry.entry.flax, {k: v for k, v in values.items() if k not in overs}
             )
             leaf = leaves.setdefault(path, _Leaf(entry))
             if leaf.entry is not entry:
@@ -417,13 +433,13 @@ class TableToFlax(_TableSource):
                     f"{where}: two entries claim the leaf {path!r}: {leaf.entry.describe()} "
                     f"and {entry.describe()}"
                 )
-            if leaf.names and over is None:
+            if leaf.names and not overs:
                 raise ValueError(
                     f"{where}: two tensors make the leaf {path!r}: {leaf.names[0]!r} and "
                     f"{name!r} ({entry.describe()} lists other spellings of one tensor)"
                 )
             leaf.names.append(name)
-            leaf.values.append(values.get(over) if over else None)
+            leaf.values.append(tuple(values[o] for o in overs))
             self.placed_by[name] = (path, entry.describe())
         for line in self.lines:
             warnings.warn(line, stacklevel=3)
@@ -547,13 +563,11 @@ class TableToFlax(_TableSource):
         first = infos[0].dtype
         odd = next((k for k, info in enumerate(infos) if info.dtype != first), None)
         if odd is not None:
-            over = entry.combine.over if entry.combine is not None else ""
-            value = leaf.values[0]
-            whose = (
-                f"{self.bound.label(over, value)}'s"
-                if over in self.table.ranges and value is not None
-                else repr(leaf.names[0])
-            )
+            overs = entry.combine.overs if entry.combine is not None else ()
+            first_part = reversed(list(zip(overs, leaf.values[0], strict=True)))  # (Slowest first.)
+            labels = ", ".join(self.bound.label(o, v) for o, v in first_part)
+            ranged = overs and all(o in self.table.ranges for o in overs)
+            whose = f"{labels}'s" if ranged else repr(leaf.names[0])
             raise ValueError(
                 f"{self.bound.where}: {leaf.names[odd]!r} is {infos[odd].dtype}, but {whose} is "
                 f"{first}; the leaf {path!r} is one array, of one dtype: cast them first."
@@ -564,7 +578,11 @@ class TableToFlax(_TableSource):
         parts = [c[-1] for c in leaf.chains]
         combine = entry.combine
         try:
-            leaf.combined = parts[0] if combine is None else combine.combined(parts)
+            if isinstance(combine, Stacks):
+                counts = [len({v[j] for v in leaf.values}) for j in range(len(combine.stacks))]
+                leaf.combined = combine.combined(parts, counts)
+            else:
+                leaf.combined = parts[0] if combine is None else combine.combined(parts)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         leaf.after = chain(entry.after, leaf.combined, where)
@@ -604,22 +622,29 @@ class TableToFlax(_TableSource):
         (and the slices of them) it covers."""
         combine = leaf.entry.combine
         assert combine is not None
-        a = combine.axis % len(leaf.combined)
+        ndim = len(leaf.combined)
         out = np.empty(_extent(index, leaf.combined), numpy_dtype(leaf.dtype))
-        start, stop, step = index[a].indices(leaf.combined[a])
-        rest = (*index[:a], *index[a + 1 :])
-        j = 0
+        if isinstance(combine, Stack | Stacks):  # (Each stack's axis: the parts it covers.)
+            axes = combine.axes(ndim) if isinstance(combine, Stacks) else (combine.axis % ndim,)
+            covered = [range(*index[a].indices(leaf.combined[a])) for a in axes]
+            rest = tuple(s for k, s in enumerate(index) if k not in axes)
+        else:
+            a = combine.axis % ndim
+            start, stop, step = index[a].indices(leaf.combined[a])
         for k, name in enumerate(leaf.names):
             shapes = leaf.chains[k]
 
             def read(i: tuple[slice, ...], name: str = name) -> np.ndarray:
                 return self._torch_slice(name, i)
 
-            if isinstance(combine, Stack):
-                if k not in range(start, stop, step):
+            if isinstance(combine, Stack | Stacks):
+                at = leaf.part_index(k)
+                if any(at[a] not in r for a, r in zip(axes, covered, strict=True)):
                     continue
-                out[(*(slice(None),) * a, j)] = _through(leaf.entry.before, shapes, rest, read)
-                j += 1
+                put: list[Any] = [slice(None)] * ndim
+                for a, r in zip(axes, covered, strict=True):
+                    put[a] = r.index(at[a])
+                out[tuple(put)] = _through(leaf.entry.before, shapes, rest, read)
                 continue
             part = leaf.part_index(k)[a]
             lo, hi = max(start, part.start), min(stop, part.stop)
@@ -777,23 +802,31 @@ class TableToTorch(_TableSource):
             if want is None or got == want:
                 continue
             combine = entry.combine
-            if (
-                isinstance(combine, Stack)
-                and combine.over in bound.ranges
-                and not entry.after
-                and len(got) == len(want)
-            ):
-                a = combine.axis % len(want)
-                if got[a] != want[a]:
-                    axis = entry.entry.combine.axis if entry.entry.combine is not None else a
-                    named = f" ({axis})" if isinstance(axis, str) else ""
-                    size = self.table.ranges[combine.over].size
-                    raise ValueError(
-                        f"{where}: the leaf {stored!r} {got} stacks "
-                        f"{bound.counted(combine.over, got[a])} on its axis {a}{named}, but "
-                        f"config.json has {size}={want[a]}; pass the config of the model the "
-                        "item holds."
-                    )
+            stacks: list[tuple[Stack, int]] = []
+            if isinstance(combine, Stack):
+                stacks = [(combine, combine.axis % len(want))]
+            elif isinstance(combine, Stacks):
+                stacks = list(zip(combine.stacks, combine.axes(len(want)), strict=True))
+            for stack, a in stacks:
+                if (
+                    stack.over not in bound.ranges
+                    or entry.after
+                    or len(got) != len(want)
+                    or got[a] == want[a]
+                ):
+                    continue
+                written = (op.op if isinstance(op, When) else op for op in entry.entry.ops)
+                axis = next(
+                    op.axis for op in written if isinstance(op, Stack) and op.over == stack.over
+                )
+                named = f" ({axis})" if isinstance(axis, str) else ""
+                size = self.table.ranges[stack.over].size
+                raise ValueError(
+                    f"{where}: the leaf {stored!r} {got} stacks "
+                    f"{bound.counted(stack.over, got[a])} on its axis {a}{named}, but "
+                    f"config.json has {size}={want[a]}; pass the config of the model the "
+                    "item holds."
+                )
             raise ValueError(
                 f"{where}: the leaf {stored!r} has shape {got}, but config.json "
                 f"({bound.described(entry)}) makes it {want}; pass the config of the model "
@@ -810,8 +843,10 @@ class TableToTorch(_TableSource):
         """The PyTorch tensors the leaf ``stored`` of ``entry`` gives, into ``tensors``."""
         where = self.bound.where
         # (Other spellings of one tensor: the way back writes the first.)
-        over = entry.combine.over if entry.combine is not None else None
-        spelled = {k: v[0] for k, v in entry.entry.parts.items() if k not in values and k != over}
+        overs = entry.combine.overs if entry.combine is not None else ()
+        spelled = {
+            k: v[0] for k, v in entry.entry.parts.items() if k not in values and k not in overs
+        }
         values = {**values, **spelled}
         shape = tuple(self._source.infos[stored].shape)
         at = f"{where}: {entry.describe()}, leaf {stored!r}"
@@ -819,6 +854,23 @@ class TableToTorch(_TableSource):
         if combine is None:
             fills: list[dict[str, str]] = [values]
             count = 1
+        elif isinstance(combine, Stacks):  # (Every combination, the first fastest.)
+            counts = combine.counts(back_chain(entry.after, shape, at)[0])
+            labels_of = []
+            for over, n in zip(combine.overs, counts, strict=True):
+                named = entry.entry.parts.get(over)
+                labels_of.append(list(named) if named is not None else [str(k) for k in range(n)])
+                if len(labels_of[-1]) != n:
+                    raise ValueError(
+                        f"{at}: {shape} stacks {n} parts of {{{over}}}, which lists "
+                        f"{len(labels_of[-1])}: {labels_of[-1]}"
+                    )
+            slowest = combine.overs[::-1]
+            fills = [
+                {**values, **dict(zip(slowest, combo, strict=True))}
+                for combo in itertools.product(*labels_of[::-1])
+            ]
+            count = len(fills)
         else:
             combined = back_chain(entry.after, shape, at)[0]
             named = entry.entry.parts.get(combine.over)
@@ -897,11 +949,11 @@ class TableToTorch(_TableSource):
         ndim = len(t.leaf_shape)
         if not entry.after:
             index = _part_index(entry, t.leaf_shape, t.parts, t.part)
-            a = combine.axis % ndim
-            if isinstance(combine, Stack):  # (A slice of one, read as such, then squeezed.)
-                at = (*index[:a], slice(t.part, t.part + 1))
-                whole = (*at, *(slice(None),) * (ndim - len(at)))
-                y = np.squeeze(source.read_slice(t.path, whole), axis=a)
+            if isinstance(combine, Stack | Stacks):  # (A slice of one, read as such, squeezed.)
+                index = (*index, *(slice(None),) * (ndim - len(index)))
+                picked = tuple(k for k, i in enumerate(index) if isinstance(i, int))
+                whole = tuple(slice(i, i + 1) if isinstance(i, int) else i for i in index)
+                y = np.squeeze(source.read_slice(t.path, whole), axis=picked)
             else:
                 y = np.asarray(
                     source.read_slice(t.path, (*index, *(slice(None),) * (ndim - len(index))))

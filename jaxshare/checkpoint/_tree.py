@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from jaxshare.internal import (
+    PARALLEL_BYTES,
     Index,
     Perm,
     contiguous_transpose,
@@ -33,7 +34,6 @@ from jaxshare.stream import ArrayInfo, TensorSource
 __all__ = ["TreeSource"]
 
 #: A leaf at least this large has its blocks placed on a few threads.
-_PARALLEL_BYTES = 8 << 20
 #: About the bytes of a band of rows that :meth:`TreeSource.blocks` hands out at a time.
 BAND_BYTES = 8 << 20
 
@@ -162,7 +162,7 @@ def _place(blocks: dict[Bounds, Any], perm: Perm, out: np.ndarray, row: int) -> 
             contiguous_transpose(data, perm, out=out[at], threads=False)
 
     items = list(blocks.items())
-    if out.nbytes >= _PARALLEL_BYTES:
+    if out.nbytes >= PARALLEL_BYTES:
         for _ in parallel_map(place, items):
             pass
     else:

@@ -154,8 +154,12 @@ class Plan:
         full = (*index, *(slice(None),) * (len(entry.info.shape) - len(index)))
         perm = entry.perm
         inner = full if perm is None else tuple(full[perm.index(j)] for j in range(len(full)))
-        x = source.read_slice(entry.source, inner)
         dtype = numpy_dtype(entry.info.dtype)
+        if perm is not None and numpy_dtype(source.infos[entry.source].dtype) == dtype:
+            made = source.permuted_slice(entry.source, inner, perm)
+            if made is not None:
+                return made
+        x = source.read_slice(entry.source, inner)
         if x.dtype != dtype:
             x = x.astype(dtype)
         return x if perm is None else contiguous_transpose(x, perm)

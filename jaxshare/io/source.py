@@ -175,6 +175,13 @@ class TensorSource(abc.ABC):
         ``None`` where it cannot, and the whole transposed array is made instead."""
         return None
 
+    def permuted_slice(self, name: str, index: Index, perm: Perm) -> np.ndarray | None:
+        """``read_slice(name, index)`` transposed by ``perm`` into one new C-ordered
+        array, made in one pass where the source can (a stack: each member's slice
+        transposed straight into its place, from the source's memory, on a few
+        threads); ``None`` where it cannot, and the slice is read, then transposed."""
+        return None
+
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         """``read(name)[index]`` as a numpy array; sources that can read part of
         a tensor without the rest (a mapped file) read only those bytes."""
@@ -353,6 +360,9 @@ class RetiedSource(TensorSource):
 
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return self._source.read_slice(name, index)
+
+    def permuted_slice(self, name: str, index: Index, perm: Perm) -> np.ndarray | None:
+        return self._source.permuted_slice(name, index, perm)
 
     def array_in_rows(self, name: str) -> tuple[np.ndarray, Iterator[np.ndarray]] | None:
         return self._source.array_in_rows(name)

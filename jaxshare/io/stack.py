@@ -46,8 +46,11 @@ from jaxshare.core.naming import (
 )
 from jaxshare.core.perm import Perm
 from jaxshare.core.report import ArrayInfo
+from jaxshare.io.buffers import empty_array
 from jaxshare.io.plan import Plan, PlanEntry, PlannedSource
 from jaxshare.io.source import Index, SourceView, TensorSource
+from jaxshare.io.threads import parallel_map
+from jaxshare.io.transpose import PARALLEL_BYTES, contiguous_transpose
 
 __all__ = ["StackedSource", "UnstackedSource", "layer_prefixes", "per_layer", "unstacked"]
 
@@ -318,6 +321,49 @@ class StackedSource(SourceView):
         out = np.empty((len(picked), *shape), numpy_dtype(layer.dtype))
         self._fill(name, index, out)
         return out
+
+    def permuted_slice(self, name: str, index: Index, perm: Perm) -> np.ndarray | None:
+        members = self._layers.get(name)
+        if members is None:
+            return self._source.permuted_slice(name, index, perm)
+        if perm[0] != 0:  # (The stack's axis moves: read, then transposed.)
+            return None
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+        layer = self._source.infos[members[0]]
+        shape = np.broadcast_to(np.empty((), np.bool_), layer.shape)[rest].shape
+        shape = (len(range(len(members))[first]), *shape)
+        out = empty_array(tuple(shape[k] for k in perm), numpy_dtype(layer.dtype))
+        jobs: list[Callable[[], object]] = []
+        self._transposing(name, index, out, perm, jobs)
+        if out.nbytes >= PARALLEL_BYTES and len(jobs) > 1:
+            for _ in parallel_map(lambda job: job(), jobs):
+                pass
+        else:
+            for job in jobs:
+                job()
+        return out
+
+    def _transposing(
+        self, name: str, index: Index, out: np.ndarray, perm: Perm, jobs: list[Callable[[], object]]
+    ) -> None:
+        """The copies that make ``permuted_slice(name, index, perm)`` in ``out``
+        (``perm`` keeps the stack's axis first): each layer's slice transposed into
+        its place from a view of the source's memory (a stack of stacks, each layer's
+        experts so, where the inner stack's axis stays first too)."""
+        members = self._layers[name]
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+        inner = tuple(p - 1 for p in perm[1:])
+        source = self._source
+        for j, k in enumerate(range(len(members))[first]):
+            member, place = members[k], out[j]
+            if isinstance(source, StackedSource) and member in source._layers and inner[0] == 0:
+                source._transposing(member, rest, place, inner, jobs)
+            else:
+                jobs.append(functools.partial(self._transpose, member, rest, inner, place))
+
+    def _transpose(self, member: str, index: Index, perm: Perm, out: np.ndarray) -> None:
+        view = self._source.slice_view(member, index)
+        contiguous_transpose(view, perm, out=out, threads=False)
 
     def _fill(self, name: str, index: Index, out: np.ndarray) -> None:
         """``read_slice(name, index)`` written into ``out``: each layer's slice copied

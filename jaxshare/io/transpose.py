@@ -16,11 +16,11 @@ from jaxshare.core.perm import Perm
 from jaxshare.io.buffers import empty_array
 from jaxshare.io.threads import worker_count
 
-__all__ = ["contiguous_transpose"]
+__all__ = ["PARALLEL_BYTES", "contiguous_transpose"]
 
 
 #: Arrays at least this large are transposed on several threads.
-_PARALLEL_BYTES = 8 << 20
+PARALLEL_BYTES = 8 << 20
 #: The tiles a transposing copy moves at a time, in elements: along the axis that
 #: runs along the input's memory, and along the output's last axis.
 _TILE = 256
@@ -59,15 +59,19 @@ def contiguous_transpose(
     if view.ndim == 0 or out.size == 0:
         out[...] = view
         return out
+    whole, lead = out, 0
+    while lead < view.ndim - 1 and view.shape[lead] == 1:  # (A layer of a stack: its bands.)
+        lead += 1
+    view, out = view[(0,) * lead], out[(0,) * lead]
     # The output axis that runs along the input's memory: where it is not the last,
     # a plain copy strides through memory, and tiles over the two keep it in cache.
     inner = int(np.argmin(np.abs(view.strides))) if view.ndim > 1 else 0
     tiled = inner != view.ndim - 1 and view.shape[inner] > 1 and view.shape[-1] > 1
     workers = worker_count()
     rows, cols = view.shape[0], view.shape[-1]
-    if x.nbytes < _PARALLEL_BYTES or workers < 2 or not threads:
+    if x.nbytes < PARALLEL_BYTES or workers < 2 or not threads:
         _copy_band(out, view, inner, 0, rows, tiled)
-        return out
+        return whole
     # More pieces than threads, so that they share the work evenly: bands of the
     # first axis (of whole tiles where the tiles run along it), and where those are
     # too few (a band of a transposed matrix's rows), split along the last axis too.
@@ -81,7 +85,7 @@ def contiguous_transpose(
     pieces = [(lo, b) for lo in range(0, rows, step) for b in range(0, cols, width)]
     if len(pieces) < 2:
         _copy_band(out, view, inner, 0, rows, tiled)
-        return out
+        return whole
 
     def copy(piece: tuple[int, int]) -> None:
         lo, b = piece
@@ -89,7 +93,7 @@ def contiguous_transpose(
 
     with ThreadPoolExecutor(workers, thread_name_prefix="jaxshare-transpose") as pool:
         list(pool.map(copy, pieces))
-    return out
+    return whole
 
 
 def _copy_band(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
@@ -475,3 +476,46 @@ def test_a_plain_orbax_item_of_stacked_experts_goes_back_with_stack(moe, tmp_pat
     assert main(["convert", str(tmp_path / "plain"), str(back), "--format", "hf", *stacks,
                  "--config", str(root / "per" / "config.json"), "--quiet"]) == 0  # fmt: skip
     _same(_tensors(back), _tensors(root / "per"))
+
+
+class _PerExpertMoE(torch.nn.Module):
+    """Experts as PyTorch names them per expert: ``model.layers.{i}.mlp.experts.{e}.*``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        experts = lambda: torch.nn.ModuleList(  # noqa: E731
+            torch.nn.ModuleDict(
+                {p: torch.nn.Linear(4, 4, bias=False) for p in ("gate_proj", "up_proj")}
+            )
+            for _ in range(3)
+        )
+        layer = lambda: torch.nn.ModuleDict({"mlp": torch.nn.ModuleDict({"experts": experts()})})  # noqa: E731
+        self.model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList([layer(), layer()])})
+
+
+def test_an_optimizers_moments_for_stacked_experts_are_refused_in_one_line(
+    tmp_path, capsys
+) -> None:
+    """Issue 36, training state: moments follow weights name for name; stacked (experts or
+    layers), they are refused in one line, nothing written (docs/experts.md says so)."""
+    model = _PerExpertMoE()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sum(p.sum() for p in model.parameters()).backward()
+    opt.step()
+    run = tmp_path / "run.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, run)
+    stacks = ("model.layers", "model.layers.{i}.mlp.experts")
+    with pytest.raises(ValueError, match=r"stacked\) layers are not carried") as e:
+        bridge.to_optax(
+            (model, opt), optax.adamw(1e-2, weight_decay=0.01), rules=bridge.Rules(stacks=stacks)
+        )
+    assert "\n" not in str(e.value)
+    args = ["convert", str(run), str(tmp_path / "item"), "--optimizer"]
+    assert main([*args, "--stack", stacks[0], "--stack", stacks[1]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--stack do not apply" in err and "\n" not in err
+    assert not (tmp_path / "item").exists()
+    params, _ = bridge.to_optax(
+        (model, opt), optax.adamw(1e-2, weight_decay=0.01)
+    )  # name for name: carried
+    assert params.unique["params"]["model"]["layers"]["1"]["mlp"]["experts"]["2"]

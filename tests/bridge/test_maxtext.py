@@ -1,5 +1,5 @@
-"""MaxText's layout of Llama, Mistral and Gemma (``bridge/layouts/maxtext.py``), against items
-converted by MaxText's own scripts.
+"""MaxText's layout of Llama, Mistral, Gemma and the mixtures of experts Mixtral and
+Qwen3-MoE (``bridge/layouts/maxtext.py``), against items converted by MaxText's own scripts.
 
 The fixtures (``tests/data/maxtext/<id>/``, made by ``make_fixture.py``) hold each tiny
 model's Hugging Face directory, its logits on fixed ids, and its weights converted to
@@ -13,13 +13,17 @@ MaxText's layout by a line-by-line restatement of the MaxText script for that mo
 - the directory converts to the very tree the script wrote, bit for bit, through
   ``write_item`` and a plain Orbax restore, and back;
 - a stacked leaf is read one layer's slice at a time, and written one layer at a time;
-- a bad item or config is one line naming the leaf.
+  an expert weight (experts and layers on two axes of one array) one expert of one
+  layer at a time; Mixtral's is bfloat16 (``to_maxtext.py``'s default), kept both ways;
+- a bad item or config is one line naming the leaf (a wrong number of experts too).
 
 Exact, and where not: with ``head_dim`` 16 the query's ``1/sqrt(head_dim)`` is a power of
 two, so Llama's and Gemma's queries come back bit for bit; Mistral's ``head_dim`` is 8,
 and dividing by ``sqrt(8)`` then multiplying by it rounds (1690 of its 12288 query
 weights come back 1 ulp off); Gemma's norms are ``weight + 1`` in MaxText, and
-``(w + 1) - 1`` rounds too (409 of 448 off, by at most ``2**-24``).
+``(w + 1) - 1`` rounds too (409 of 448 off, by at most ``2**-24``). The mixtures of
+experts come back bit for bit (Mixtral's ``head_dim`` is 16; Qwen3-MoE's mapping has
+no value op).
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import bridge
@@ -64,6 +70,8 @@ def item_of(model_id: str) -> Path:
 
 
 def hf_tensors(model_id: str) -> dict[str, np.ndarray]:
+    """The fixture's Hugging Face tensors (bfloat16 as ``ml_dtypes.bfloat16``, which
+    numpy knows by name once ``ml_dtypes`` is imported)."""
     return load_file(FIXTURES / model_id / "hf" / "model.safetensors")
 
 
@@ -159,9 +167,10 @@ def test_a_maxtext_item_becomes_the_hugging_face_model(model_id, tmp_path):
     assert_like_original(model_id, load_file(out / "model.safetensors"))
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
+    assert type(model).__name__ == MANIFEST[model_id]["architecture"]
     ids = torch.from_numpy(np.load(FIXTURES / model_id / "input_ids.npy"))
     with torch.no_grad():
-        logits = model(ids).logits.numpy()
+        logits = model(ids).logits.float().numpy()
     delta = float(np.abs(logits - np.load(FIXTURES / model_id / "logits.npy")).max())
     assert delta <= TOLERANCE, delta
     head, embedding = model.lm_head.weight, model.model.embed_tokens.weight
@@ -177,8 +186,9 @@ def test_the_head_of_a_tied_item_is_an_alias(model_id):
         assert "lm_head.weight" not in source.infos
     else:
         assert not source.ties and "lm_head.weight" in source.infos
+    dtype = next(iter(MANIFEST[model_id]["leaves"].values())).split()[0]
     assert dict(source.infos) == {
-        n: ArrayInfo(s, "float32") for n, s in torch_shapes(config_of(model_id)).items()
+        n: ArrayInfo(s, dtype) for n, s in torch_shapes(config_of(model_id)).items()
     }
 
 
@@ -312,6 +322,19 @@ def _error(make: Any) -> str:
          ["'params/params/decoder/logits_dense/kernel' is missing", "tie_word_embeddings"]),
         ("llama", {}, {"model_type": "gpt2"}, ["model_type 'gpt2' has no MaxText layout"]),
         ("llama", {}, {"attention_bias": True}, ["attention_bias: true"]),
+        # -- the mixtures of experts: a wrong number of experts, a missing expert weight
+        ("mixtral", {}, {"num_local_experts": 3},
+         [f"'{STACKED}/MoeBlock_0/gate/kernel' has shape (32, 3, 4)", "num_local_experts=3",
+          "makes it (32, 3, 3)"]),
+        ("mixtral", {f"{STACKED}/MoeBlock_0/wi_0": np.zeros((5, 3, 32, 24), ml_dtypes.bfloat16)},
+         {}, [f"'{STACKED}/MoeBlock_0/wi_0' (5, 3, 32, 24) stacks 5 experts on its axis 0",
+              "config.json has num_local_experts=4"]),
+        ("qwen3_moe", {f"{STACKED}/moe_block/wo": None}, {},
+         [f"'{STACKED}/moe_block/wo' (4, 3, 24, 32) is missing"]),
+        ("qwen3_moe", {}, {"num_local_experts": 8},
+         [f"'{STACKED}/moe_block/gate/kernel' has shape (32, 3, 4)", "num_experts=8"]),
+        ("qwen3_moe", {}, {"mlp_only_layers": [1]},
+         ["mlp_only_layers [1]", "MaxText's qwen3_moe layers are all mixtures of experts"]),
     ],
 )  # fmt: skip
 def test_a_bad_item_or_config_is_one_line_naming_the_leaf(model_id, edit, config_edit, says):
@@ -355,9 +378,165 @@ def test_a_bad_hugging_face_model_is_one_line_naming_the_tensor(edit, config_edi
 
 
 def test_the_families_are_the_ones_maxtext_names():
-    assert {f.decoder_block for f in MAXTEXT_FAMILIES.values()} == {"llama2", "mistral", "gemma"}
+    assert {f.decoder_block for f in MAXTEXT_FAMILIES.values()} == {
+        *("llama2", "mistral", "gemma", "mixtral", "qwen3_moe")
+    }
+    assert {m: f.experts for m, f in MAXTEXT_FAMILIES.items() if f.experts} == {
+        "mixtral": "num_local_experts",
+        "qwen3_moe": "num_experts",
+    }
     gemma = MAXTEXT_FAMILIES["gemma"]
     assert gemma.norm_offset == 1.0 and gemma.scaled_embedding and gemma.tied
+
+
+# -- the mixtures of experts ---------------------------------------------------------
+
+MOE = [i for i in IDS if MAXTEXT_FAMILIES[MANIFEST[i]["model_type"]].experts]
+
+#: id -> (MaxText's block, the HF name of an expert weight after model.layers.{i}.,
+#: MaxText's leaf -> HF's weight).
+EXPERT_NAMES = {
+    "mixtral": ("MoeBlock_0", "block_sparse_moe.experts.{e}.{w}.weight",
+                {"wi_0": "w1", "wi_1": "w3", "wo": "w2"}),
+    "qwen3_moe": ("moe_block", "mlp.experts.{e}.{w}.weight",
+                  {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}),
+}  # fmt: skip
+
+
+def expert(model_id: str, layer: int, e: int, leaf: str) -> str:
+    _, pattern, weights = EXPERT_NAMES[model_id]
+    return f"model.layers.{layer}." + pattern.format(e=e, w=weights[leaf])
+
+
+def test_the_fixtures_cover_the_mixtures_of_experts():
+    assert sorted(MOE) == sorted(EXPERT_NAMES)
+    assert MANIFEST["mixtral"]["leaves"][f"{STACKED}/MoeBlock_0/wi_0"] == "bfloat16 [4, 3, 32, 24]"
+
+
+@pytest.mark.parametrize("model_id", MOE)
+@pytest.mark.parametrize("leaf", ["wi_0", "wo"])
+def test_an_expert_is_read_as_one_slice_of_its_stack(model_id, leaf):
+    """Expert 1 of layer 2: the stacked array's ``[1, 2]``, read as that slice alone."""
+    source = maxtext_arrays(model_id)
+    maxtext = MaxTextToTorch(source, config_of(model_id))
+    name = expert(model_id, 2, 1, leaf)
+    got = maxtext.array(name)
+    block = EXPERT_NAMES[model_id][0]
+    whole = (slice(1, 2), slice(2, 3), slice(None), slice(None))
+    assert source.calls == [("slice", f"{STACKED}/{block}/{leaf}", whole)]
+    assert_bits_equal(got, hf_tensors(model_id)[name], name)
+
+
+@pytest.mark.parametrize("model_id", MOE)
+def test_experts_are_written_the_experts_and_layers_a_slice_covers(model_id):
+    config = config_of(model_id)
+    with bridge.open_source(FIXTURES / model_id / "hf") as hf:
+        arrays = Arrays({n: hf.array(n) for n in hf.infos})
+    maxtext = TorchToMaxText(arrays, config)
+    path = f"{STACKED}/{EXPERT_NAMES[model_id][0]}/wi_1"
+    part = maxtext.read_slice(path, (slice(1, 3), slice(0, 2)))
+    assert sorted(name for _, name, _ in arrays.calls) == sorted(
+        expert(model_id, i, e, "wi_1") for i in (0, 1) for e in (1, 2)
+    )
+    assert_bits_equal(part, maxtext.array(path)[1:3, 0:2], path)
+    assert part.shape == (2, 2, 32, 24)
+
+
+@pytest.mark.parametrize("model_id", MOE)
+def test_a_fused_directory_gives_the_scripts_tree_and_goes_back_fused(model_id, tmp_path):
+    """transformers 5's other naming (``save_original_format=False``: a layer's experts
+    fused, ``mlp.experts.gate_up_proj``) converts to the same tree, bit for bit, and
+    the item goes back to it; transformers loads both."""
+    config = config_of(model_id)
+    model = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / model_id / "hf")
+    model.save_pretrained(tmp_path / "fused", save_original_format=False)
+    fused = load_file(tmp_path / "fused" / "model.safetensors")
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused)
+    with bridge.open_source(tmp_path / "fused") as hf:
+        source = TorchToMaxText(hf, config)
+        checkpoint.write_item(tmp_path / "item", Plan.identity(source), source)
+    ours, theirs = flat(restore(tmp_path / "item")), flat(restore(item_of(model_id)))
+    theirs.pop("step")
+    assert sorted(ours) == sorted(theirs)
+    for path, want in theirs.items():
+        assert_bits_equal(ours[path], want, path)
+    with checkpoint.open_source(item_of(model_id)) as item:
+        out = bridge.save_hf(
+            tmp_path / "back", MaxTextToTorch(item, config), config=config, fused_experts=True
+        )
+    assert sorted(load_file(out / "model.safetensors")) == sorted(fused)
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    for key, value in model.state_dict().items():
+        got = loaded.state_dict()[key]
+        assert got.dtype == value.dtype and torch.equal(
+            got.view(torch.uint8), value.view(torch.uint8)
+        ), key
+
+
+@pytest.mark.parametrize("head_dim", [8, 32])
+def test_mixtrals_query_is_scaled_as_to_maxtext_scales_it(head_dim, load_script):
+    """Where ``1/sqrt(head_dim)`` is not a power of two, bfloat16 rounds: every leaf is
+    the fixture script's (``to_maxtext.py``'s arithmetic), bit for bit; dividing by
+    ``sqrt(head_dim)`` in bfloat16 (``llama_or_mistral_ckpt.py``'s) would not be."""
+    script = load_script("tests/data/maxtext/make_fixture.py")
+    config = {**config_of("mixtral"), "head_dim": head_dim}
+    rng = np.random.default_rng(head_dim)
+    hf = {
+        n: rng.standard_normal(s).astype(ml_dtypes.bfloat16)
+        for n, s in torch_shapes(config).items()
+    }
+    want = script.mixtral_to_maxtext(hf, config)
+    got = TorchToMaxText(Arrays(hf), config)
+    assert sorted(got.infos) == sorted(f"params/params/{p}" for p in want)
+    for path, w in want.items():
+        assert_bits_equal(got.array(f"params/params/{path}"), np.ascontiguousarray(w), path)
+    query = got.array(f"{STACKED}/self_attention/query/kernel")[:, 0]  # (Layer 0's.)
+    x = hf["model.layers.0.self_attn.q_proj.weight"].T.reshape(query.shape)
+    divided = x / np.sqrt(head_dim).astype(ml_dtypes.bfloat16)
+    assert not np.array_equal(divided.view(np.uint16), query.view(np.uint16))
+
+
+def test_bfloat16_is_kept_both_ways(tmp_path):
+    """Mixtral's fixture is bfloat16, as ``to_maxtext.py`` saves by default: its item's
+    leaves are, the tree we write from the directory is, and so is the directory we
+    write from the item, every tensor the original's bits."""
+    config = config_of("mixtral")
+    with checkpoint.open_source(item_of("mixtral")) as item:
+        assert {i.dtype for n, i in item.infos.items() if n != "step"} == {"bfloat16"}
+        out = bridge.save_hf(tmp_path / "hf", MaxTextToTorch(item, config), config=config)
+    with safe_open(out / "model.safetensors", framework="pt") as file:
+        assert {file.get_slice(n).get_dtype() for n in file.keys()} == {"BF16"}  # noqa: SIM118
+    assert_like_original("mixtral", load_file(out / "model.safetensors"))
+    with bridge.open_source(FIXTURES / "mixtral" / "hf") as hf:
+        maxtext = TorchToMaxText(hf, config)
+        assert {i.dtype for i in maxtext.infos.values()} == {"bfloat16"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    ("edit", "config_edit", "says"),
+    [
+        ({"model.layers.1.block_sparse_moe.experts.2.w3.weight": None}, {},
+         ["'model.layers.1.block_sparse_moe.experts.2.w3.weight' (24, 32) is missing"]),
+        ({}, {"num_local_experts": 3},
+         ["'model.layers.0.block_sparse_moe.gate.weight' has shape (4, 32)",
+          "num_local_experts=3", "makes it (3, 32)"]),
+        ({}, {"num_local_experts": 5},
+         ["'model.layers.0.block_sparse_moe.gate.weight' has shape (4, 32)", "makes it (5, 32)"]),
+        ({"model.layers.2.block_sparse_moe.experts.1.w1.weight": np.zeros((24, 32), np.float32)},
+         {}, ["'model.layers.2.block_sparse_moe.experts.1.w1.weight' is float32, but layer 0, "
+              "expert 0's is bfloat16"]),
+    ],
+)  # fmt: skip
+def test_a_bad_mixture_of_experts_is_one_line_naming_the_tensor(edit, config_edit, says):
+    config = {**config_of("mixtral"), **config_edit}
+    with bridge.open_source(FIXTURES / "mixtral" / "hf") as hf:
+        arrays = _edited({n: hf.array(n) for n in hf.infos}, edit)
+    text = _error(lambda: TorchToMaxText(arrays, config))
+    for words in says:
+        assert words in text, text
 
 
 def run_convert(*argv: object) -> tuple[int, str]:
@@ -383,7 +562,7 @@ def test_the_command_converts_a_maxtext_item_to_a_directory_and_back(model_id, t
     assert run_convert(*argv) == (0, "")
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     ids = np.load(FIXTURES / model_id / "input_ids.npy")
-    logits = model(torch.tensor(ids)).logits.detach().numpy()
+    logits = model(torch.tensor(ids)).logits.detach().float().numpy()
     assert np.abs(logits - np.load(FIXTURES / model_id / "logits.npy")).max() <= TOLERANCE
     if MANIFEST[model_id]["tied"]:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -30,14 +30,14 @@ def test_equals_numpys_transposed_copy_in_tiles_on_threads(data, threads, tiles,
     perm = tuple(data.draw(st.permutations(range(len(shape)))))
     want = np.ascontiguousarray(np.transpose(x, perm))
     out = np.full(want.shape, -1, np.int32) if into else None
-    saved = _transpose._PARALLEL_BYTES, _transpose._TILE, _transpose._TILE_LAST
+    saved = _transpose.PARALLEL_BYTES, _transpose._TILE, _transpose._TILE_LAST
     # Small tiles, so that tiles end inside the array and bands split them.
-    _transpose._PARALLEL_BYTES = 0 if threads else saved[0]
+    _transpose.PARALLEL_BYTES = 0 if threads else saved[0]
     _transpose._TILE, _transpose._TILE_LAST = tiles
     try:
         got = contiguous_transpose(x, perm, out=out)
     finally:
-        _transpose._PARALLEL_BYTES, _transpose._TILE, _transpose._TILE_LAST = saved
+        _transpose.PARALLEL_BYTES, _transpose._TILE, _transpose._TILE_LAST = saved
     assert got.flags.c_contiguous and (out is None or got is out)
     np.testing.assert_array_equal(got, want)
 
@@ -67,7 +67,7 @@ def test_out_may_be_a_region_of_a_larger_array():
 )
 def test_large_arrays_of_every_layout(shape, dtype):
     x = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
-    assert x.nbytes >= _transpose._PARALLEL_BYTES or dtype is ml_dtypes.bfloat16
+    assert x.nbytes >= _transpose.PARALLEL_BYTES or dtype is ml_dtypes.bfloat16
     for perm in itertools.islice(itertools.permutations(range(len(shape))), 6):
         got = contiguous_transpose(x, perm)
         assert got.tobytes() == np.ascontiguousarray(np.transpose(x, perm)).tobytes()

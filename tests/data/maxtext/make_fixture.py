@@ -4,9 +4,15 @@ Regenerate from the repository root (nothing is downloaded; about 10 s)::
 
     make maxtext-fixtures   # HF_HUB_OFFLINE=1 .venv/bin/python tests/data/maxtext/make_fixture.py
 
+or only some of them, by id (the others' folders and manifest entries are left as
+they are)::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python tests/data/maxtext/make_fixture.py mixtral qwen3_moe
+
 For each model below (the folder name is its id) the script builds the PyTorch model
-from a small config in code (float32, ``torch.manual_seed(0)``, the RMS norms' weights
-drawn at random too, so that the norm mapping is seen), and writes into ``<id>/``:
+from a small config in code (float32, but Mixtral's bfloat16; ``torch.manual_seed(0)``,
+the RMS norms' weights drawn at random too, so that the norm mapping is seen), and
+writes into ``<id>/``:
 
 - ``hf/``: ``save_pretrained`` (``config.json``, ``generation_config.json``,
   ``model.safetensors``);
@@ -17,7 +23,7 @@ drawn at random too, so that the norm mapping is seen), and writes into ``<id>/`
   save: ``{"step": 0, "params": {"params": weights}}``, at ``<dir>/0/items`` where
   MaxText's ``to_maxtext.py`` writes it;
 - ``input_ids.npy`` and ``logits.npy``: fixed token ids (int64, ``(2, 8)``) and the
-  PyTorch model's logits on them (float32).
+  logits on them (float32) of the model ``hf/`` loads as (``from_pretrained``).
 
 ``manifest.json`` records, per id, the MaxText model the conversion stands for, the
 script it follows, whether RoPE is permuted, MaxText's vocabulary size and every
@@ -25,8 +31,11 @@ leaf's path, shape and dtype. Everything but Orbax's own metadata (timestamps) i
 identical from run to run.
 
 Where the scripts are followed, and how this differs from running them (MaxText needs
-TPU-era JAX and its own configs, not installed here): the arrays stay float32 (the
-scripts cast to bfloat16 by default: ``--save_dtype``, ``CAST_DTYPE``), and the
+TPU-era JAX and its own configs, not installed here): the dense models' arrays stay
+float32 (the scripts cast to bfloat16 by default: ``--save_dtype``, ``CAST_DTYPE``;
+Mixtral's are bfloat16 as that default makes them, Qwen3-MoE's float32 as
+``--save_dtype float32`` keeps them), the MaxText model's leaf shapes are written
+out (``moe_shapes``) where ``to_maxtext.py`` reads them from the model, and the
 tree is saved directly rather than through MaxText's ``CheckpointManager`` (which
 writes the same PyTree item under ``0/items``). Paths are
 ``src/maxtext/checkpoint_conversion/...`` of github.com/AI-Hypercomputer/maxtext.
@@ -40,10 +49,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import torch
 import transformers
+from safetensors import safe_open
 
 HERE = Path(__file__).resolve().parent
 CAST_DTYPE = np.float32  # llama_or_mistral_ckpt.py: ml_dtypes.bfloat16; kept float32 here.
@@ -107,6 +118,47 @@ def mistral_config() -> transformers.PretrainedConfig:
 
 def gemma_config() -> transformers.PretrainedConfig:
     return small_config(transformers.GemmaConfig, heads=4, kv_heads=1, head_dim=16, tied=True)
+
+
+#: The mixtures of experts: smaller than SMALL, 4 experts and 3 layers (so that the
+#: experts' axis and the layers' cannot be confused).
+MOE = dict(
+    hidden_size=32,
+    num_hidden_layers=3,
+    vocab_size=96,
+    max_position_embeddings=128,
+    num_experts_per_tok=2,
+    tie_word_embeddings=False,
+)
+
+
+def mixtral_config() -> transformers.PretrainedConfig:
+    # bfloat16, to_maxtext.py's default --save_dtype; head_dim 16: the query's scale is exact.
+    return transformers.MixtralConfig(
+        **MOE,
+        intermediate_size=24,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_local_experts=4,
+        dtype="bfloat16",
+    )
+
+
+def qwen3_moe_config() -> transformers.PretrainedConfig:
+    # float32 (--save_dtype float32); 4 heads of 16: the query is (64, 32), not square.
+    return transformers.Qwen3MoeConfig(
+        **MOE,
+        intermediate_size=48,
+        moe_intermediate_size=24,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        mlp_only_layers=[],
+        decoder_sparse_step=1,
+        dtype="float32",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,6 +424,274 @@ def gemma_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarr
     }
 
 
+# ---------------------------------------------------------------------------------------
+# 4. and 5. The mixtures of experts, as to_maxtext.py converts them (main, eager mode):
+#    PARAM_MAPPING[model](hf_config, config, scan_layers=True) and
+#    HOOK_FNS[model](..., saving_to_hf=False), utils/param_mapping.py; each MaxText key
+#    the model has (validate_and_filter_param_map_keys, utils/utils.py, skips the
+#    others) loaded by _get_hf_loading_function: one HF key through its hooks (case 1),
+#    a list stacked by _build_single_axis_stacked_tensor on param_scan_axis (case 2),
+#    a nested list (experts outer, layers inner) by _build_multi_axis_stacked_tensor
+#    on axes 0 and 1 (case 4), each tensor from _eager_getter (bfloat16 through
+#    float32 to ml_dtypes.bfloat16, or float32 as it is: --save_dtype) and hooked with
+#    its slice of the MaxText shape (get_maxtext_model_info's, written out below).
+# ---------------------------------------------------------------------------------------
+
+
+def mixtral_mapping(config: dict, num_experts: int) -> dict:
+    """MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING, its scan_layers branch."""
+    mapping: dict = {}
+    mapping["params-token_embedder-embedding"] = "model.embed_tokens.weight"
+    mapping["params-decoder-decoder_norm-scale"] = "model.norm.weight"
+    mapping["params-decoder-logits_dense-kernel"] = "lm_head.weight"
+    mapping.update(
+        {
+            "params-decoder-layers-self_attention-query-kernel": [],
+            "params-decoder-layers-self_attention-key-kernel": [],
+            "params-decoder-layers-self_attention-value-kernel": [],
+            "params-decoder-layers-self_attention-out-kernel": [],
+            "params-decoder-layers-pre_self_attention_layer_norm-scale": [],
+            "params-decoder-layers-post_self_attention_layer_norm-scale": [],
+            "params-decoder-layers-MoeBlock_0-gate-kernel": [],
+            "params-decoder-layers-MoeBlock_0-wi_0": [],
+            "params-decoder-layers-MoeBlock_0-wi_1": [],
+            "params-decoder-layers-MoeBlock_0-wo": [],
+        }
+    )
+    for i in range(config["num_hidden_layers"]):
+        hf_prefix = f"model.layers.{i}"
+        mapping["params-decoder-layers-self_attention-query-kernel"].append(
+            f"{hf_prefix}.self_attn.q_proj.weight"
+        )
+        mapping["params-decoder-layers-self_attention-key-kernel"].append(
+            f"{hf_prefix}.self_attn.k_proj.weight"
+        )
+        mapping["params-decoder-layers-self_attention-value-kernel"].append(
+            f"{hf_prefix}.self_attn.v_proj.weight"
+        )
+        mapping["params-decoder-layers-self_attention-out-kernel"].append(
+            f"{hf_prefix}.self_attn.o_proj.weight"
+        )
+        mapping["params-decoder-layers-pre_self_attention_layer_norm-scale"].append(
+            f"{hf_prefix}.input_layernorm.weight"
+        )
+        mapping["params-decoder-layers-post_self_attention_layer_norm-scale"].append(
+            f"{hf_prefix}.post_attention_layernorm.weight"
+        )
+        mapping["params-decoder-layers-MoeBlock_0-gate-kernel"].append(
+            f"{hf_prefix}.block_sparse_moe.gate.weight"
+        )
+    for j in range(num_experts):  # (Experts outer, layers inner.)
+        w1_layers, w3_layers, w2_layers = [], [], []
+        for i in range(config["num_hidden_layers"]):
+            hf_prefix = f"model.layers.{i}"
+            w1_layers.append(f"{hf_prefix}.block_sparse_moe.experts.{j}.w1.weight")
+            w3_layers.append(f"{hf_prefix}.block_sparse_moe.experts.{j}.w3.weight")
+            w2_layers.append(f"{hf_prefix}.block_sparse_moe.experts.{j}.w2.weight")
+        mapping["params-decoder-layers-MoeBlock_0-wi_0"].append(w1_layers)
+        mapping["params-decoder-layers-MoeBlock_0-wi_1"].append(w3_layers)
+        mapping["params-decoder-layers-MoeBlock_0-wo"].append(w2_layers)
+    return mapping
+
+
+def mixtral_hooks(config: dict, head_dim: int) -> dict:
+    """MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN(scan_layers=True, saving_to_hf=False)."""
+
+    def reshape_and_transpose_attention(x, target_shape):
+        return x.transpose().reshape(target_shape)  # (N*D, H) -> (H, N*D) -> (H, N, D)
+
+    def reshape_kernel(x, target_shape):
+        return x.transpose()
+
+    def scale_query_layer(input_tensor, target_shape):
+        depth_scale = np.dtype("float32").type(1 / np.sqrt(head_dim))
+        return (input_tensor * depth_scale).astype(input_tensor.dtype)
+
+    query_hook_chain = [reshape_and_transpose_attention, scale_query_layer]
+    return {
+        "params-decoder-layers-self_attention-query-kernel": query_hook_chain,
+        "params-decoder-layers-self_attention-key-kernel": reshape_and_transpose_attention,
+        "params-decoder-layers-self_attention-value-kernel": reshape_and_transpose_attention,
+        "params-decoder-layers-self_attention-out-kernel": reshape_and_transpose_attention,
+        "params-decoder-layers-MoeBlock_0-wi_0": reshape_kernel,
+        "params-decoder-layers-MoeBlock_0-wi_1": reshape_kernel,
+        "params-decoder-layers-MoeBlock_0-wo": reshape_kernel,
+        "params-decoder-layers-MoeBlock_0-gate-kernel": reshape_kernel,
+        "params-decoder-logits_dense-kernel": reshape_kernel,
+    }
+
+
+def qwen_mapping(config: dict) -> dict:
+    """QWEN_MAXTEXT_TO_HF_PARAM_MAPPING, its scan_layers branch with num_experts > 1."""
+    n_layers = config["num_hidden_layers"]
+    num_experts = config.get("num_experts", config.get("num_local_experts", 0))
+    mapping: dict = {
+        "params-token_embedder-embedding": "model.embed_tokens.weight",
+        "params-decoder-decoder_norm-scale": "model.norm.weight",
+        "params-decoder-logits_dense-kernel": "lm_head.weight",
+    }
+    layers = {
+        "pre_self_attention_layer_norm-scale": "input_layernorm.weight",
+        "self_attention-query-kernel": "self_attn.q_proj.weight",
+        "self_attention-key-kernel": "self_attn.k_proj.weight",
+        "self_attention-value-kernel": "self_attn.v_proj.weight",
+        "self_attention-query-bias": "self_attn.q_proj.bias",
+        "self_attention-key-bias": "self_attn.k_proj.bias",
+        "self_attention-value-bias": "self_attn.v_proj.bias",
+        "self_attention-out-kernel": "self_attn.o_proj.weight",
+        "self_attention-query_norm-scale": "self_attn.q_norm.weight",
+        "self_attention-key_norm-scale": "self_attn.k_norm.weight",
+        "post_self_attention_layer_norm-scale": "post_attention_layernorm.weight",
+    }
+    for key, hf in layers.items():
+        mapping[f"params-decoder-layers-{key}"] = [
+            f"model.layers.{i}.{hf}" for i in range(n_layers)
+        ]
+    assert num_experts > 1
+    mapping["params-decoder-layers-moe_block-gate-kernel"] = [
+        f"model.layers.{i}.mlp.gate.weight" for i in range(n_layers)
+    ]
+    for key, hf in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
+        mapping[f"params-decoder-layers-moe_block-{key}"] = [
+            [f"model.layers.{i}.mlp.experts.{e}.{hf}.weight" for i in range(n_layers)]
+            for e in range(num_experts)
+        ]
+    return mapping
+
+
+def qwen_hooks(config: dict) -> dict:
+    """QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN(scan_layers=True, saving_to_hf=False)."""
+
+    def pad_embedding_layer(input_tensor, target_shape):
+        source_vocab_size = input_tensor.shape[0]
+        target_vocab_size = target_shape[0]
+        if source_vocab_size == target_vocab_size:
+            return input_tensor
+        padded_tensor = np.zeros(target_shape, dtype=input_tensor.dtype)
+        padded_tensor[:source_vocab_size, :] = input_tensor
+        return padded_tensor
+
+    def reshape_kernel(input_tensor, target_shape):
+        return input_tensor.T.reshape(target_shape)
+
+    def reshape_expert_kernel(input_tensor, target_shape=None):
+        if input_tensor.ndim == 3:
+            return input_tensor.transpose(0, 2, 1)
+        return input_tensor.transpose(1, 0)
+
+    def reshape_bias(input_tensor, target_shape=None):
+        return input_tensor.reshape(target_shape)
+
+    mapping = {
+        "params-token_embedder-embedding": pad_embedding_layer,
+        "params-decoder-logits_dense-kernel": reshape_kernel,
+    }
+    for key in ("query", "key", "value", "out"):
+        mapping[f"params-decoder-layers-self_attention-{key}-kernel"] = reshape_kernel
+    for key in ("mlp-wi_0-kernel", "mlp-wi_1-kernel", "mlp-wo-kernel"):
+        mapping[f"params-decoder-layers-{key}"] = reshape_kernel
+    for key in ("query", "key", "value"):
+        mapping[f"params-decoder-layers-self_attention-{key}-bias"] = reshape_bias
+    for key in ("gate-kernel", "wi_0-kernel", "wi_1-kernel", "wo-kernel"):
+        mapping[f"params-decoder-layers-moe_block-{key}"] = reshape_kernel
+    for key in ("wi_0", "wi_1", "wo"):
+        mapping[f"params-decoder-layers-moe_block-{key}"] = reshape_expert_kernel
+    return mapping
+
+
+def moe_shapes(cfg: dict, block: str, experts: int, mlp: int) -> dict[str, tuple[int, ...]]:
+    """The MaxText model's scanned leaves and shapes (what get_maxtext_model_info reads
+    from the model: layers/mixtral.py or qwen3.py, layers/moe.py), by MaxText key."""
+    emb, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads, kv, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    s = PARAM_SCAN_AXIS
+
+    def scanned(*shape: int) -> tuple[int, ...]:
+        return (*shape[:s], layers, *shape[s:])
+
+    shapes = {
+        "params-token_embedder-embedding": (vocab, emb),
+        "params-decoder-decoder_norm-scale": (emb,),
+        "params-decoder-logits_dense-kernel": (emb, vocab),
+        "params-decoder-layers-self_attention-query-kernel": scanned(emb, heads, head_dim),
+        "params-decoder-layers-self_attention-key-kernel": scanned(emb, kv, head_dim),
+        "params-decoder-layers-self_attention-value-kernel": scanned(emb, kv, head_dim),
+        "params-decoder-layers-self_attention-out-kernel": scanned(heads, head_dim, emb),
+        "params-decoder-layers-pre_self_attention_layer_norm-scale": scanned(emb),
+        "params-decoder-layers-post_self_attention_layer_norm-scale": scanned(emb),
+        f"params-decoder-layers-{block}-gate-kernel": scanned(emb, experts),
+        f"params-decoder-layers-{block}-wi_0": (experts, layers, emb, mlp),
+        f"params-decoder-layers-{block}-wi_1": (experts, layers, emb, mlp),
+        f"params-decoder-layers-{block}-wo": (experts, layers, mlp, emb),
+    }
+    if block == "moe_block":  # (Qwen3's use_qk_norm.)
+        shapes["params-decoder-layers-self_attention-query_norm-scale"] = scanned(head_dim)
+        shapes["params-decoder-layers-self_attention-key_norm-scale"] = scanned(head_dim)
+    return shapes
+
+
+def to_maxtext(
+    hf: dict[str, np.ndarray], mapping: dict, hooks: dict, shapes: dict
+) -> dict[str, np.ndarray]:
+    """to_maxtext.py's weight transformation, eager: each MaxText key of ``shapes``
+    (validate_and_filter_param_map_keys) loaded by its form of HF keys."""
+
+    def tensor_getter(key):  # _eager_getter (hf: already in the save dtype)
+        return hf[key]
+
+    def single_axis(hf_source_keys, hook_fns, target_shape):  # _build_single_axis_stacked_tensor
+        axis_to_stack = PARAM_SCAN_AXIS  # config.scan_layers
+        mt_slice_shape_list = list(target_shape)
+        del mt_slice_shape_list[axis_to_stack]
+        mt_slice_shape = tuple(mt_slice_shape_list)
+        tensors_to_stack = [
+            _apply_hooks(hook_fns, tensor_getter(key), mt_slice_shape) for key in hf_source_keys
+        ]
+        return np.stack(tensors_to_stack, axis=axis_to_stack)
+
+    def multi_axis(hf_source_keys, hook_fns, target_shape):  # _build_multi_axis_stacked_tensor
+        outer_axis, inner_axis = 0, 1  # (MoE: experts, layers at the leading axes.)
+        stacked_axes = {outer_axis, inner_axis}
+        mt_slice_shape = tuple(d for i, d in enumerate(target_shape) if i not in stacked_axes)
+        all_outer_tensors = []
+        for inner_keys in hf_source_keys:
+            inner_tensors = [
+                _apply_hooks(hook_fns, tensor_getter(key), mt_slice_shape) for key in inner_keys
+            ]
+            all_outer_tensors.append(np.stack(inner_tensors, axis=0))
+        return np.stack(all_outer_tensors, axis=0)
+
+    out = {}
+    for mt_key, hf_keys in mapping.items():
+        if mt_key not in shapes:
+            continue  # validate_and_filter_param_map_keys: not in the model
+        hook, target = hooks.get(mt_key), shapes[mt_key]
+        if not isinstance(hf_keys, list):  # case 1
+            weight = _apply_hooks(hook, tensor_getter(hf_keys), target)
+        elif not isinstance(hf_keys[0], list):  # case 2
+            weight = single_axis(hf_keys, hook, target)
+        else:  # case 4
+            weight = multi_axis(hf_keys, hook, target)
+        assert weight.shape == target, (mt_key, weight.shape, target)  # _get_maxtext_weight
+        out[mt_key.removeprefix("params-").replace("-", "/")] = weight
+    assert len(out) == len(shapes)  # (Every leaf of the model mapped.)
+    return out
+
+
+def mixtral_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
+    experts = cfg["num_local_experts"]  # (MaxText: num_experts, from mixtral-8x7b.yml.)
+    shapes = moe_shapes(cfg, "MoeBlock_0", experts, cfg["intermediate_size"])
+    return to_maxtext(
+        hf, mixtral_mapping(cfg, experts), mixtral_hooks(cfg, cfg["head_dim"]), shapes
+    )
+
+
+def qwen3_moe_to_maxtext(hf: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
+    experts = cfg.get("num_experts", cfg.get("num_local_experts", 0))
+    shapes = moe_shapes(cfg, "moe_block", experts, cfg["moe_intermediate_size"])
+    return to_maxtext(hf, qwen_mapping(cfg), qwen_hooks(cfg), shapes)
+
+
 def _scanned_layers(
     hf: dict[str, np.ndarray], cfg: dict, *, query, key, kernel, norm, norms: tuple[str, str]
 ) -> dict[str, np.ndarray]:
@@ -407,7 +727,9 @@ def _scanned_layers(
     }
 
 
-def _apply_hooks(hooks, x, target_shape):  # utils.apply_hook_fns
+def _apply_hooks(hooks, x, target_shape):  # tensor_handling.apply_hook_fns
+    if hooks is None:
+        return x
     for hook in hooks if isinstance(hooks, list) else [hooks]:
         x = hook(x, target_shape)
     return x
@@ -471,6 +793,24 @@ MODELS: dict[str, tuple[Callable, type, Callable, str, str, bool]] = {
         "GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN values",
         False,
     ),
+    "mixtral": (
+        mixtral_config,
+        transformers.MixtralForCausalLM,
+        mixtral_to_maxtext,
+        "mixtral-8x7b",
+        "utils/param_mapping.py MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING + "
+        "MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN (to_maxtext.py, --save_dtype bfloat16)",
+        False,
+    ),
+    "qwen3_moe": (
+        qwen3_moe_config,
+        transformers.Qwen3MoeForCausalLM,
+        qwen3_moe_to_maxtext,
+        "qwen3-30b-a3b",
+        "utils/param_mapping.py QWEN_MAXTEXT_TO_HF_PARAM_MAPPING + "
+        "QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN (to_maxtext.py, --save_dtype float32)",
+        False,
+    ),
 }
 
 
@@ -480,7 +820,7 @@ def build(model_id: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(0)
     config = make_config()
-    model = model_class(config).eval()
+    model = model_class(config).to(config.dtype).eval()  # (float32 but for Mixtral's.)
     with torch.no_grad():  # Random norms (Llama: about 1, Gemma: about 0), so the mapping shows.
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -488,9 +828,10 @@ def build(model_id: str) -> dict:
                 p.copy_(base + 0.1 * torch.randn_like(p))
     model.save_pretrained(out / "hf")
     cfg = json.loads((out / "hf" / "config.json").read_text())
-    hf = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        hf.pop("lm_head.weight")  # save_pretrained leaves the tied head out too.
+    # (As to_maxtext.py's default eager load, safetensors' safe_open(framework="pt"): the
+    # names save_pretrained writes -- the per-expert ones -- and no tied head.)
+    with safe_open(out / "hf" / "model.safetensors", framework="pt") as file:
+        hf = {k: _eager_getter(file.get_tensor(k)) for k in file.keys()}  # noqa: SIM118
     weights = convert(hf, cfg)
     tree = {"step": 0, "params": {"params": _nest(weights)}}  # utils.save_weights_to_checkpoint
     item = (out / "maxtext" / "0" / "items").absolute()
@@ -500,8 +841,11 @@ def build(model_id: str) -> dict:
         checkpointer.wait_until_finished()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, config.vocab_size, size=(2, 8)).astype(np.int64)
+    # (The directory's model as transformers loads it: one cast with .to(bfloat16) would
+    # hold its RoPE inv_freq in bfloat16 too, and give other logits.)
+    loaded = model_class.from_pretrained(out / "hf").eval()
     with torch.no_grad():
-        logits = model(torch.from_numpy(ids)).logits.numpy().astype(np.float32)
+        logits = loaded(torch.from_numpy(ids)).logits.float().numpy()
     np.save(out / "input_ids.npy", ids)
     np.save(out / "logits.npy", logits)
     return {
@@ -516,6 +860,15 @@ def build(model_id: str) -> dict:
             f"params/params/{p}": f"{a.dtype} {list(a.shape)}" for p, a in sorted(weights.items())
         },
     }
+
+
+def _eager_getter(v: torch.Tensor) -> np.ndarray:
+    """to_maxtext.py ``_eager_getter``: a bfloat16 tensor through float32 to
+    ``ml_dtypes.bfloat16`` (--save_dtype bfloat16); a float32 one as it is."""
+    v = v.detach()
+    if v.dtype == torch.bfloat16:
+        return v.to(torch.float32).numpy().astype(ml_dtypes.bfloat16)
+    return v.numpy().copy()
 
 
 def main(ids: list[str]) -> None:

@@ -1,0 +1,62 @@
+"""A stack's transposed slice made in one pass equals the slice read, then transposed."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxshare.core.naming import EXPERT
+from jaxshare.io.stack import StackedSource
+from jaxshare.io.transpose import contiguous_transpose
+from jaxshare.stream import ArrayInfo, TensorSource
+
+
+class Arrays(TensorSource):
+    """Tensors held in memory (a view of them is their own memory)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+        self.infos = {n: ArrayInfo(a.shape, a.dtype.name) for n, a in arrays.items()}
+
+    def read(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layers=st.integers(1, 3),
+    experts=st.integers(1, 4),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 6)),
+    bf16=st.booleans(),
+    order=st.sampled_from(list(itertools.permutations(range(3)))),
+    layer=st.integers(0, 2),
+)
+def test_a_stack_of_stacks_transposes_each_member_into_place(
+    layers, experts, shape, bf16, order, layer
+) -> None:
+    """Layers x experts, each weight 2-D: every permutation that keeps the layers' axis
+    first, of one layer (as a stacked leaf is written) or of all, equals the slice
+    read and then transposed, bit for bit; one that moves it is left to the reader."""
+    rng = np.random.default_rng(layers * 100 + experts)
+    dtype = ml_dtypes.bfloat16 if bf16 else np.float32
+    arrays = {
+        f"m.layers.{i}.experts.{e}.w": rng.standard_normal(shape).astype(dtype)
+        for i in range(layers)
+        for e in range(experts)
+    }
+    inner = StackedSource(Arrays(arrays), ["m.layers.{i}.experts"], EXPERT)
+    stacked = StackedSource(inner, ["m.layers"])
+    (name,) = stacked.infos
+    assert stacked.infos[name].shape == (layers, experts, *shape)
+    perm = (0, *(k + 1 for k in order))
+    k = min(layer, layers - 1)
+    for index in [(slice(k, k + 1),), ()]:
+        made = stacked.permuted_slice(name, index, perm)
+        want = contiguous_transpose(stacked.read_slice(name, index), perm)
+        assert made is not None and made.dtype == want.dtype and made.flags.c_contiguous
+        np.testing.assert_array_equal(made, want)
+    assert stacked.permuted_slice(name, (), (1, 0, 2, 3)) is None
