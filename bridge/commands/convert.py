@@ -115,7 +115,10 @@ def convert(
         consolidated, every alias written out for readers that know no ties.
       dtype: cast floating tensors, e.g. ``"bfloat16"``.
       config: ``config.json`` of a Hugging Face directory output (a path, a
-        dict or a ``PretrainedConfig``); default: the input's own.
+        dict or a ``PretrainedConfig``), or, for an output in PyTorch names
+        (``names="torch"``, a PyTorch file, a DCP folder), of the model whose
+        tensors a Flax input holds, whose model class finds its layout
+        (``bridge.naming.torch_naming.flax_layout``); default: the input's own.
       max_shard_size: the largest shard of a Hugging Face directory output,
         e.g. ``"5GB"`` (default ``"50GB"``).
       force: replace ``dst`` if it is an output of the same kind.
@@ -214,10 +217,12 @@ def convert(
         raise UsageError(
             f"--compression is how an Orbax item stores its chunks, not a {fmt} output's."
         )
-    if fmt != "hf" and hf_options:
+    in_torch_names = fmt in ("torch", "dcp") or (fmt == "safetensors" and names == "torch")
+    if fmt != "hf" and (max_shard_size is not None or (hf_options and not in_torch_names)):
         raise UsageError(
             "--config and --max-shard-size are for Hugging Face directory outputs (and "
-            "--config for the ties of a DCP input)."
+            "--config for the ties of a DCP input, or the model of a Flax input written in "
+            "PyTorch names)."
         )
     try:
         declared = tie_map(ties)
@@ -239,6 +244,11 @@ def convert(
     inputs = [Path(src)] if isinstance(src, (str, os.PathLike)) else []
     with opened(src, rules, arg="src") as source:
         inputs += [source.path] if source.path is not None else []
+        if fmt != "hf" and hf_options and not source.flax_named:
+            raise UsageError(
+                f"{source.where}: --config names a Flax input's tensors in PyTorch names, and "
+                f"this input is in PyTorch names already."
+            )
         for note in source.notes:  # (What else a training checkpoint holds.)
             warnings.warn(f"{source.where}: {note}", stacklevel=2)
         if declared or declares:

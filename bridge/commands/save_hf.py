@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import json
 import os
 import shutil
@@ -26,11 +25,11 @@ import numpy as np
 
 from bridge.hf.config import ConfigTies, config_dict, config_ties
 from bridge.hf.experts import FusedView, experts_family
-from bridge.layouts.layout import Family, Layout, as_layout, detect_layout
+from bridge.layouts.layout import TRANSFORMERS_FLAX, Family, Layout, as_layout
 from bridge.layouts.rules import Rule, Rules, as_rules
-from bridge.naming.torch_naming import torch_plan
+from bridge.naming.torch_naming import ModelTensors, flax_layout, flax_variables, torch_plan
 from bridge.sources.registry import open_source
-from jaxshare import AliasMap, NamingRecord
+from jaxshare import AliasMap
 from jaxshare.formats import (
     CONFIG_FILE,
     DEFAULT_MAX_SHARD_SIZE,
@@ -64,13 +63,17 @@ __all__ = ["save_hf"]
 
 
 def _source_of(
-    what: Any, rules: Rules, like: Callable[[], Any], layout: Callable[[Any], Layout | None]
+    what: Any,
+    rules: Rules,
+    like: Callable[[], Any],
+    layout: Callable[[Any], Layout | None],
+    config: Any,
 ) -> TensorSource:
     """A source of whatever ``save_hf`` was given: :func:`bridge.open_source` of a
     path, a source, a module or a state dict; a Flax tree is named in PyTorch by
     :func:`bridge.to_torch` -- by its naming record, else by ``layout(tree)`` when it
-    is the transformers-flax layout, else after ``like()``, the config's meta model
-    -- and read as that state dict."""
+    is the transformers-flax layout (its family's, of ``config``), else after
+    ``like()``, the config's meta model -- and read as that state dict."""
     if isinstance(what, (str, os.PathLike, TensorSource)):  # (Read as it is: no JAX.)
         return open_source(what, rules, arg="source_or_tree")
     from jaxshare import Tied  # (JAX: a tree of arrays.)
@@ -90,7 +93,8 @@ def _source_of(
     from bridge.torch.state_dict import StateDictSource
 
     if named or (chosen is not None and not chosen.collections):
-        state = to_torch(what, rules=rules if chosen is None else chosen.resolve(None, rules))
+        cfg = None if config is None else config_dict(config)
+        state = to_torch(what, rules=rules if chosen is None else chosen.resolve(cfg, rules))
     else:
         state = to_torch(what, rules=rules, like=like())
     return StateDictSource(state, rules, arg="source_or_tree")
@@ -286,16 +290,13 @@ def save_hf(
     tree_in: list[Layout | None] = []  # (The layout a Flax tree given in memory is in.)
 
     def tree_layout(tree: Any) -> Layout | None:
-        from jaxshare import Tied  # (JAX: a tree of arrays.)
-
-        top = tree.unique if isinstance(tree, Tied) else tree
-        paths = list(top) if isinstance(top, Mapping) else []
-        tree_in.append(
-            detect_layout(layout, paths, None if config is None else config_dict(config))
-        )
+        cfg = None if config is None else config_dict(config)
+        flax, ties, _ = flax_variables(tree, None)
+        model = None if cfg is None else (lambda: ModelTensors.of_class(meta(cfg), cfg))
+        tree_in.append(flax_layout(flax, ties, layout=layout, config=cfg, rules=rules, model=model))
         return tree_in[-1]
 
-    source = opened = _source_of(source_or_tree, rules, like, tree_layout)
+    source = opened = _source_of(source_or_tree, rules, like, tree_layout, config)
     try:
         if config is None:
             config = source.config
@@ -314,8 +315,8 @@ def save_hf(
         found = meta(cfg) if needs_model else ConfigTies({})
         chosen = tree_in[-1] if tree_in else None  # (The layout the tensors come from.)
         if plan is None:
-            plan, source, flax_layout = _plan_of(source, cfg, found, rules, layout, directory)
-            chosen = chosen if flax_layout is None else flax_layout
+            plan, source, named_in = _plan_of(source, cfg, found, rules, layout, directory)
+            chosen = chosen if named_in is None else named_in
             # Stacks of layers (a scanned tree's) as layers, each read as its slice.
             plan, source = unstacked(plan, source)
         if fused_experts:
@@ -381,7 +382,8 @@ def _needs_model(
         return False
     if source.ties.naming is None and not rules.stacks:
         return True
-    chosen = detect_layout(layout, list(source.infos), config)
+    # (Named, or stacked: the layout is found with no model class.)
+    chosen = flax_layout(source, layout=layout, config=config, rules=rules, model=lambda: None)
     return chosen is not None and not chosen.collections
 
 
@@ -396,53 +398,62 @@ def _plan_of(
     """The PyTorch names of ``source``'s tensors: as they are (PyTorch names); by its
     naming record (a conversion's: exact); by the transformers-flax layout (given, or
     found: no collection at the top, or a linen ``params`` collection whose tree
-    that layout fits, see :func:`_layout_of`), whose rules decide every name and axis
-    order; else after the config's model class (``like=``), which settles what names
-    cannot; by the rules where ``rules.stacks`` names scanned layers (a stack is one
-    output here, named ``model.layers.{i}...``). Returns the plan, the source it reads
-    (``source``, or, where the Flax port computes tensors that the PyTorch class
-    stores, ``source`` with them) and the layout the tensors are in."""
+    that layout fits, see :func:`bridge.naming.torch_naming.flax_layout`), whose rules
+    decide every name and axis order; else after the config's model class
+    (``like=``), which settles what names cannot; by the rules where ``rules.stacks``
+    names scanned layers (a stack is one output here, named ``model.layers.{i}...``).
+    Returns the plan, the source it reads (``source``, or, where the Flax port
+    computes tensors that the PyTorch class stores, ``source`` with them) and the
+    layout the tensors are in."""
     if not source.flax_named:
         return Plan.identity(source), source, None
-    chosen = _layout_of(source, config, found, rules, layout, directory)
+    model = ModelTensors.of_class(found, config)
+    asked: list[bool] = []  # (Whether a tree under `params/` was held against the model.)
+
+    def against() -> ModelTensors | None:
+        asked.append(True)
+        return model
+
+    chosen = flax_layout(source, layout=layout, config=config, rules=rules, model=against)
+    # (The layout is `chosen`: where it is jaxshare's, no model asks again.)
     if source.ties.naming is not None or rules.stacks:  # (Exact; a port's quirks below.)
-        plan = torch_plan(source, rules=rules)
+        plan = torch_plan(source, rules=rules, model=lambda: None)
     elif chosen is None or chosen.collections:
-        return torch_plan(source, rules=rules, like=found.model), source, chosen
+        try:
+            named = torch_plan(source, rules=rules, like=found.model, model=lambda: None)
+        except ValueError:
+            problem = None
+            if chosen is None and asked and model is not None:  # It fits neither layout:
+                problem = _misfit(source, config, rules, model, directory)  # the other's line.
+            if problem is None:
+                raise
+            raise ValueError(problem) from None
+        return named, source, chosen
     else:
-        plan = torch_plan(source, rules=chosen.resolve(config, rules))
-        if found.names is not None:
-            _check_fits(plan, found, chosen, config, directory)
+        plan = torch_plan(source, rules=rules, layout=chosen, config=config)
+        problem = None if model is None else model.misfit(plan, chosen, str(directory))
+        if problem is not None:  # Every name the layout gives is the model's, of its shape.
+            raise ValueError(problem)
     family = None if chosen is None or chosen.collections else chosen.family(config)
     if family is None or found.names is None:
         return plan, source, chosen
     return (*_with_computed(plan, source, family, found.names, config, directory), chosen)
 
 
-def _layout_of(
+def _misfit(
     source: TensorSource,
     config: dict,
-    found: ConfigTies,
     rules: Rules,
-    layout: str | Layout | None,
+    model: ModelTensors,
     directory: str | os.PathLike,
-) -> Layout | None:
-    """The layout of a Flax-named ``source`` (:func:`bridge.detect_layout`): where it
-    has no naming record, the config's model class (``found``) says whether a tree
-    under a linen ``params`` collection is in the transformers-flax layout -- that
-    layout's rules name every leaf as one of the model's tensors, of its shape."""
-
-    def fits(candidate: Layout) -> bool:
-        if found.names is None:
-            return False  # (No model class to hold the tree against.)
-        try:
-            plan = torch_plan(source, rules=candidate.resolve(config, rules))
-        except ValueError:
-            return False
-        return _misfit(plan, found, candidate, config, directory) is None
-
-    unnamed = source.ties.naming is None and not rules.stacks
-    return detect_layout(layout, list(source.infos), config, fits=fits if unnamed else None)
+) -> str | None:
+    """The line that names the first leaf of ``source`` that the transformers-flax
+    layout names as no tensor of ``model``, ``None`` where that layout names none."""
+    try:
+        plan = torch_plan(source, rules=rules, layout=TRANSFORMERS_FLAX, config=config)
+    except ValueError:
+        return None
+    return model.misfit(plan, TRANSFORMERS_FLAX, str(directory))
 
 
 def _with_computed(
@@ -479,46 +490,6 @@ def _with_computed(
         return plan, source
     with_extra = PlannedSource(source, plan, extra)
     return Plan.identity(with_extra), with_extra
-
-
-def _check_fits(
-    plan: Plan, found: ConfigTies, layout: Layout, config: dict, directory: str | os.PathLike
-) -> None:
-    """Every name the layout gives is a tensor of the config's model class, of its shape.
-
-    Raises:
-      ValueError: one line naming the first Flax leaf that fits no tensor, with the
-        model's nearest names.
-    """
-    problem = _misfit(plan, found, layout, config, directory)
-    if problem is not None:
-        raise ValueError(problem)
-
-
-def _misfit(
-    plan: Plan, found: ConfigTies, layout: Layout, config: dict, directory: str | os.PathLike
-) -> str | None:
-    """What :func:`_check_fits` says of the first Flax leaf that fits no tensor of the
-    config's model class, ``None`` where every leaf fits."""
-    names = found.names or {}
-    record = plan.alias_map.naming or NamingRecord()
-    flax_path = {n.torch: path for path, n in record.items()}
-    for entry in plan.entries:
-        loaded = found.load_name(entry.name)
-        shape = names.get(loaded)
-        if shape is not None and (loaded != entry.name or tuple(shape) == entry.info.shape):
-            continue  # (A renamed tensor may be reshaped on load too: its name is enough.)
-        arch = (config.get("architectures") or [config.get("model_type", "the model")])[0]
-        what = "has no tensor of that name" if shape is None else f"holds it as {tuple(shape)}"
-        near = difflib.get_close_matches(entry.name, list(names), n=3, cutoff=0.5)
-        return (
-            f"{directory}: the Flax leaf {flax_path.get(entry.name, entry.source)!r} fits no "
-            f"layout: the {layout.name} layout names it {entry.name!r} {tuple(entry.info.shape)}, "
-            f"but {arch} {what}"
-            + (f" (nearest: {', '.join(near)})" if near else "")
-            + "; pass `layout=` (--layout) the tree's layout, or convert a tree of this model."
-        )
-    return None
 
 
 def _without_tied_copies(

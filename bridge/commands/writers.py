@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from bridge.commands.outputs import Format
+from bridge.hf.config import config_dict
 from bridge.layouts.layout import Layout
 from bridge.layouts.rules import Rules
 from bridge.naming.relayout import place_any
@@ -87,7 +88,10 @@ def _torch_named(source: TensorSource, options: Options, fmt: str) -> tuple[Plan
             f"{source.where}: --layout is the Flax side of a conversion, and this {fmt} "
             "output keeps the input's PyTorch names."
         )
-    return in_torch_names(source, rules=options.rules, layout=options.layout)
+    config = None  # (A Flax input's model, where --config names it; else its own.)
+    if options.config is not None and source.flax_named:
+        config = config_dict(options.config)
+    return in_torch_names(source, rules=options.rules, layout=options.layout, config=config)
 
 
 def _streamed(

@@ -2,11 +2,13 @@
 
 A Flax model's own files (``flax_model.msgpack``) and Orbax items are Flax-named
 already. Placed in the layout they are in (their paths and ``config.json`` show
-it: :func:`bridge.detect_layout`), every tensor stays where it is; placed in
-another layout, or in a target tree (``like=``), they are named in PyTorch first
-(:func:`bridge.torch_plan`, by their own layout) and placed from there, each
-tensor read and transposed once, when it is written. Nothing here imports torch
-or JAX.
+it: :func:`bridge.naming.torch_naming.flax_layout`), every tensor stays where it
+is; placed in another layout, or in a target tree (``like=``), they are named in
+PyTorch first (:func:`bridge.torch_plan`, by their own layout) and placed from
+there, each tensor read and transposed once, when it is written. Nothing here
+imports torch or JAX (but for the config's model class on the meta device, which
+tells the layout of a tree under a linen ``params`` collection where transformers
+is installed).
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bridge.layouts.layout import JAXSHARE, Layout, as_layout, detect_layout
+from bridge.layouts.layout import JAXSHARE, Layout, as_layout
 from bridge.layouts.rules import Rules
 from bridge.naming.flax_placement import FlaxPlacement, Place, place_source
-from bridge.naming.torch_naming import torch_plan
+from bridge.naming.torch_naming import flax_layout, torch_plan
 from jaxshare import AliasMap
 from jaxshare.internal import PlannedSource, render, split
 from jaxshare.stream import TensorSource
@@ -38,7 +40,7 @@ def place_any(
         placed = _as_is(source)
         return (placed if like is None else _in_like(placed, source, like, chosen)), source
     if source.flax_named:
-        kept = _kept_as_is(source, like, layout)
+        kept = _kept_as_is(source, like, rules, layout)
         if kept is not None:
             return kept, source
         source = _in_torch_names(source, rules)
@@ -83,11 +85,16 @@ def _in_like(
 
 
 def _kept_as_is(
-    source: TensorSource, like: Any, layout: str | Layout | None
+    source: TensorSource, like: Any, rules: Rules, layout: str | Layout | None
 ) -> FlaxPlacement | None:
-    found = detect_layout(None, list(source.infos), source.config)
-    if like is not None or (layout is not None and as_layout(layout) is not (found or JAXSHARE)):
+    """Every tensor where it is, when ``source`` is in ``layout`` already (or none is
+    asked for) and no ``like`` is given: the layout it is in is :func:`flax_layout`'s."""
+    if like is not None:
         return None
+    if layout is not None:
+        found = flax_layout(source, config=source.config, rules=rules)
+        if as_layout(layout) is not (found or JAXSHARE):
+            return None
     return _as_is(source)
 
 

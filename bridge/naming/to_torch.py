@@ -17,7 +17,13 @@ import torch
 
 from bridge.layouts.layout import Layout, layout_rules
 from bridge.layouts.rules import RulesArg
-from bridge.naming.torch_naming import TorchNaming, flax_variables, model_config, name_leaves
+from bridge.naming.torch_naming import (
+    TorchNaming,
+    flax_layout,
+    flax_variables,
+    model_config,
+    name_leaves,
+)
 from bridge.torch.tensors import to_tensor
 from jaxshare import AliasMap
 from jaxshare.internal import LAYER, Perm, compose, inverse, parallel_map, per_layer
@@ -148,11 +154,15 @@ def to_torch(
         GPT-2 ``Conv1D`` weight). Without it, names and axis orders come from the
         rules alone, which invert :func:`to_flax` of a state dict exactly.
       rules: a :class:`bridge.Rules` or a sequence of :class:`bridge.Rule`.
-      layout: the Flax layout ``variables`` are in: ``"jaxshare"`` (the default)
-        or ``"transformers-flax"`` (a transformers 4.57 Flax model's ``params``;
-        its family quirks come from ``like``'s config, when ``like`` is a
-        transformers model). A naming record in the alias map names every leaf
-        exactly whatever the layout.
+      layout: the Flax layout ``variables`` are in: ``"jaxshare"`` or
+        ``"transformers-flax"`` (a transformers 4.57 Flax model's ``params``; its
+        family quirks come from ``like``'s config, when ``like`` is a
+        transformers model). Default: where ``like`` is a transformers model, the
+        layout its config and the tree show (:func:`bridge.naming.torch_naming.flax_layout`:
+        no collection at the top, or a linen ``params`` collection alone whose leaves
+        ``like`` holds in that layout's names and shapes, is transformers-flax), else
+        jaxshare's. A naming record in the alias map names every leaf exactly
+        whatever the layout.
       progress: ``progress(done, total, name, nbytes)`` after each tensor.
 
     Raises:
@@ -172,9 +182,10 @@ def to_torch(
     >>> sd["head.weight"] is sd["wte.weight"]
     True
     """
-    rules = layout_rules(layout, rules, model_config(like))
     tree, amap, torch_map = flax_variables(variables, alias_map)
-    plan = name_leaves(tree, amap, like, rules, torch_map or ())
+    config = model_config(like)
+    found = flax_layout(tree, amap, layout=layout, config=config, rules=rules, like=like)
+    plan = name_leaves(tree, amap, like, layout_rules(found, rules, config), torch_map or ())
     out = _torch_tensors(plan, progress)
     _apply_torch_map(out, torch_map)
     for alias, canonical in plan.fills.items():  # Names `like` ties that no leaf holds.

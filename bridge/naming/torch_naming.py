@@ -12,17 +12,33 @@ exactly; otherwise the rules do (:mod:`bridge.layouts.rules`), or a target modul
 state dict (``like=``), whose names and layer types decide. This module never
 imports torch: ``jaxshare convert ckpt out.safetensors --names torch`` names an
 Orbax item's arrays without paying for torch's import. Only naming after a live
-module (``like=``) touches torch, through that module.
+module (``like=``) touches torch, through that module, and the config's model class
+on the meta device, built (where transformers is installed) only for a tree under a
+linen ``params`` collection that the two layouts name otherwise.
+
+Which layout a Flax tree is in has one answer here, :func:`flax_layout`, which every
+route that names a Flax tree in PyTorch asks (:func:`torch_plan`, so ``check``,
+``verify`` and ``convert --names torch``; :func:`bridge.to_torch`; ``save_hf``):
+:func:`bridge.detect_layout`'s rule, with the model's tensors (:class:`ModelTensors`:
+``like``, or the config's model class on the meta device, where transformers is
+installed) as its test of a tree under a linen ``params`` collection.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bridge.layouts.layout import Layout, as_layout, layout_rules
+from bridge.layouts.layout import (
+    TRANSFORMERS_FLAX,
+    Layout,
+    as_layout,
+    detect_layout,
+    layout_rules,
+)
 from bridge.layouts.rules import Rules, RulesArg, as_rules
 from bridge.naming.flax_placement import place_in, stack_layers, torch_leaves
 from jaxshare import AliasMap, NamingRecord
@@ -51,7 +67,9 @@ if TYPE_CHECKING:
     from bridge.sources.registry import Source
 
 __all__ = [
+    "ModelTensors",
     "TorchNaming",
+    "flax_layout",
     "flax_variables",
     "in_torch_names",
     "model_config",
@@ -356,6 +374,173 @@ def name_leaves(
     return TorchNaming(names, leaves, amap, order, like_keys, fills)
 
 
+def model_name(config: Mapping[str, Any]) -> str:
+    """The model class a ``config.json`` names, as a message names it.
+
+    >>> model_name({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    'GPT2LMHeadModel'
+    """
+    return str((config.get("architectures") or [config.get("model_type", "the model")])[0])
+
+
+@dataclass(frozen=True)
+class ModelTensors:
+    """The tensors of the model a Flax tree is named for: what a layout's PyTorch
+    names must fit (:meth:`misfit`), which tells the transformers-flax layout from
+    jaxshare's under a linen ``params`` collection.
+
+    Attributes:
+      names: ``{PyTorch name: shape}`` of every tensor of the model, tied ones included.
+      what: the model, as a message names it (``GPT2LMHeadModel``).
+      load_name: the name in :attr:`names` that transformers loads a file's tensor
+        name as (:attr:`bridge.hf.config.ConfigTies.load_name`); the name itself
+        where nothing renames it.
+
+    >>> from jaxshare.stream import ArrayInfo, Plan, PlanEntry
+    >>> model = ModelTensors({"wte.weight": (4, 2)}, "Tiny")
+    >>> def plan(shape):
+    ...     info = ArrayInfo(shape, "float32")
+    ...     return Plan((PlanEntry("wte.weight", "params/wte/embedding", None, info),), AliasMap())
+    >>> model.misfit(plan((4, 2)), as_layout("transformers-flax"), "item") is None
+    True
+    >>> print(model.misfit(plan((2, 4)), as_layout("transformers-flax"), "item"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    item: the Flax leaf 'params/wte/embedding' fits no layout: the transformers-flax layout
+    names it 'wte.weight' (2, 4), but Tiny holds it as (4, 2) (nearest: wte.weight); pass
+    `layout=` (--layout) the tree's layout, or convert a tree of this model.
+    """
+
+    names: Mapping[str, tuple[int, ...]]
+    what: str = "the model"
+    load_name: Callable[[str], str] = field(default=str, repr=False, compare=False)
+
+    @classmethod
+    def of_class(cls, found: Any, config: Mapping[str, Any]) -> ModelTensors | None:
+        """The tensors of ``config``'s model class, as :func:`bridge.hf.config.config_ties`
+        found them (``found``); ``None`` where it built no model class."""
+        if found.names is None:
+            return None
+        return cls(found.names, model_name(config), found.load_name)
+
+    @classmethod
+    def of(
+        cls, like: Any, config: Mapping[str, Any] | None, rules: RulesArg = None
+    ) -> ModelTensors | None:
+        """The tensors of ``like`` (a module, a state dict, a path or a source: its
+        names and shapes, ties included), else of ``config``'s model class, built on
+        the meta device where transformers is installed (``None`` where it is not, or
+        where nothing is given)."""
+        rules = as_rules(rules)
+        if like is None:
+            if config is None:
+                return None
+            from bridge.hf.config import config_ties  # (transformers, where installed)
+
+            return cls.of_class(config_ties(config, (), rules), config)
+        from bridge.sources.registry import open_source
+
+        source = open_source(like, rules, arg="like")
+        try:
+            names = {name: tuple(info.shape) for name, info in source.infos.items()}
+            for alias, canonical in source.ties.items():
+                if canonical in names:
+                    shape = permute_shape(names[canonical], source.ties.transform(alias))
+                    names.setdefault(alias, shape)
+        finally:
+            if source is not like:
+                source.close()
+        what = source.where if isinstance(like, (str, TensorSource)) else type(like).__name__
+        return cls(names, "`like`" if isinstance(like, Mapping) else what)
+
+    def misfit(self, plan: Plan, layout: Layout, where: str) -> str | None:
+        """The one line that names the first Flax leaf ``layout`` names (``plan``) as
+        no tensor of the model, or of another shape, with the model's nearest names;
+        ``None`` where every leaf fits."""
+        record = plan.alias_map.naming or NamingRecord()
+        flax_path = {n.torch: path for path, n in record.items()}
+        for entry in plan.entries:
+            loaded = self.load_name(entry.name)
+            shape = self.names.get(loaded)
+            if shape is not None and (loaded != entry.name or tuple(shape) == entry.info.shape):
+                continue  # (A renamed tensor may be reshaped on load too: its name is enough.)
+            what = "has no tensor of that name" if shape is None else f"holds it as {tuple(shape)}"
+            near = difflib.get_close_matches(entry.name, list(self.names), n=3, cutoff=0.5)
+            return (
+                f"{where}: the Flax leaf {flax_path.get(entry.name, entry.source)!r} fits no "
+                f"layout: the {layout.name} layout names it {entry.name!r} "
+                f"{tuple(entry.info.shape)}, but {self.what} {what}"
+                + (f" (nearest: {', '.join(near)})" if near else "")
+                + "; pass `layout=` (--layout) the tree's layout, or convert a tree of this model."
+            )
+        return None
+
+
+def _stored_tree(source: TensorSource) -> Any:
+    """The nested tree of a Flax-named source's stored tensors (their infos)."""
+    return nest({p: info for p, info in source.infos.items() if p not in source.ties})
+
+
+def flax_layout(
+    tree: Any,
+    ties: AliasMap | None = None,
+    /,
+    *,
+    layout: str | Layout | None = None,
+    config: Mapping[str, Any] | None = None,
+    rules: RulesArg = None,
+    like: Any = None,
+    model: Callable[[], ModelTensors | None] | None = None,
+) -> Layout | None:
+    """The layout a Flax tree is in: the one answer of every route that names a
+    Flax tree in PyTorch names (``None``: jaxshare's rules, as given).
+
+    :func:`bridge.detect_layout`'s rule, of the tree's paths and ``config``:
+    ``layout`` when given; the transformers-flax layout for a tree with no
+    collection at its top; for a tree whose top is the linen ``params`` collection
+    alone (``{"params": params}``, as a linen training loop saves a Flax model's
+    params), with no naming record and no stacks, the transformers-flax layout where
+    that layout names every leaf as a tensor of the model, of its shape
+    (:meth:`ModelTensors.misfit`). The model is built only for such a tree.
+
+    Args:
+      tree: a Flax tree (of arrays, or of anything with a shape and a dtype), or a
+        Flax-named :class:`~jaxshare.stream.TensorSource` (its stored tensors).
+      ties: the tree's alias map (default: a source's own; none).
+      layout: the layout the caller names, if any.
+      config: the model's ``config.json`` as a dict.
+      rules: the rules the layout's are resolved over.
+      like: the model to hold the tree against (:meth:`ModelTensors.of`); default:
+        ``config``'s model class.
+      model: the model's tensors, where the caller has them already.
+
+    >>> import numpy as np
+    >>> tree = {"params": {"transformer": {"wte": {"embedding": np.zeros((64, 16))}}}}
+    >>> gpt2 = ModelTensors({"transformer.wte.weight": (64, 16)}, "GPT2LMHeadModel")
+    >>> flax_layout(tree, config={"model_type": "gpt2"}, model=lambda: gpt2).name
+    'transformers-flax'
+    >>> flax_layout(tree, config={"model_type": "gpt2"}, model=lambda: None) is None
+    True
+    """
+    if isinstance(tree, TensorSource):
+        tree, ties = _stored_tree(tree), tree.ties if ties is None else ties
+    ties = AliasMap({}) if ties is None else ties
+    rules = as_rules(rules)
+
+    def fits(candidate: Layout) -> bool:
+        tensors = model() if model is not None else ModelTensors.of(like, config, rules)
+        if tensors is None:
+            return False  # (No model to hold the tree against.)
+        try:
+            plan = name_leaves(tree, ties, None, candidate.resolve(config, rules)).plan()
+        except ValueError:
+            return False
+        return tensors.misfit(plan, candidate, "") is None
+
+    paths = [leaf.path for leaf in _flax_leaves(tree)]
+    unnamed = ties.naming is None and not rules.stacks
+    return detect_layout(layout, paths, config, fits=fits if unnamed else None)
+
+
 def torch_plan(
     source: TensorSource,
     /,
@@ -364,6 +549,7 @@ def torch_plan(
     rules: RulesArg = None,
     layout: str | Layout | None = None,
     config: Mapping[str, Any] | None = None,
+    model: Callable[[], ModelTensors | None] | None = None,
 ) -> Plan:
     """How each array of a Flax-named source is named and transposed in PyTorch, as
     :func:`bridge.to_torch` would, without reading an array.
@@ -375,9 +561,13 @@ def torch_plan(
     a transform; its naming record maps the Flax paths to the PyTorch names.
 
     The rules are ``layout`` 's for the model of ``config`` (default: the
-    source's own ``config``, an item's ``config.json`` asset); without a layout,
-    a tree with no collection at the top (``transformer/...``, not ``params/...``)
-    and a config is in the transformers-flax layout.
+    source's own ``config``, an item's ``config.json`` asset, else ``like`` 's:
+    a transformers model's, a Hugging Face directory's); without a layout,
+    the layout :func:`flax_layout` finds: with a config, a tree with no collection at
+    the top (``transformer/...``, not ``params/...``) is in the transformers-flax
+    layout, and so is one under a linen ``params`` collection alone that the model
+    (``model``, where the caller has its tensors; else ``like``; else the config's
+    model class) fits in that layout.
 
     >>> import jax.numpy as jnp, tempfile
     >>> from jaxshare import checkpoint
@@ -386,13 +576,42 @@ def torch_plan(
     >>> [(e.name, e.source, e.perm) for e in torch_plan(checkpoint.open_source(path)).entries]
     [('wte.weight', 'params/wte/embedding', None)]
     """
-    config = config if config is not None else source.config
+    config = next((c for c in (config, source.config, model_config(like)) if c is not None), None)
     if source.ties.naming is None:  # (A naming record names every leaf exactly.)
-        rules = layout_rules(layout, rules, config, paths=list(source.infos))
+        if layout is None and like is None and model is None and _alike(source, config, rules):
+            model = _no_model  # (Either layout names it alike: no model class is built.)
+        found = flax_layout(
+            source, layout=layout, config=config, rules=rules, like=like, model=model
+        )
+        rules = layout_rules(found, rules, config)
     rules = as_rules(rules)
-    flax_ties = source.ties
-    stored = {p: info for p, info in source.infos.items() if p not in flax_ties}
-    return name_leaves(nest(stored), flax_ties, like, rules).plan()
+    return name_leaves(_stored_tree(source), source.ties, like, rules).plan()
+
+
+def _no_model() -> ModelTensors | None:
+    return None
+
+
+def _alike(source: TensorSource, config: Mapping[str, Any] | None, rules: RulesArg) -> bool:
+    """Whether ``source`` is a tree under a linen ``params`` collection alone that
+    jaxshare's rules and the transformers-flax layout's name alike, every leaf (names,
+    axis orders, ties): then which layout it is in changes no PyTorch name, and naming
+    it needs no model class (GPT-2's and BERT's trees, for two)."""
+    if config is None or {split(path)[0] for path in source.infos} != {"params"}:
+        return False
+    tree = _stored_tree(source)
+    try:
+        plans = [
+            name_leaves(tree, source.ties, None, r).plan()
+            for r in (as_rules(rules), TRANSFORMERS_FLAX.resolve(config, rules))
+        ]
+    except ValueError:
+        return False
+    (a, b) = [
+        ([(e.name, e.perm) for e in plan.entries], dict(plan.alias_map), plan.alias_map.transforms)
+        for plan in plans
+    ]
+    return a == b
 
 
 def in_torch_names(
@@ -526,9 +745,10 @@ def torch_alias_map(
     >>> torch_alias_map(head, variables)
     {'head.weight': 'wte.weight'}
     """
-    rules = layout_rules(layout, rules, model_config(like))
     tree, amap, _ = flax_variables(variables, alias_map)
-    plan = name_leaves(tree, amap, like, rules)
+    config = model_config(like)
+    found = flax_layout(tree, amap, layout=layout, config=config, rules=rules, like=like)
+    plan = name_leaves(tree, amap, like, layout_rules(found, rules, config))
     out: dict[str, str] = {}
     for alias, canonical in plan.alias_map.items():
         if alias not in plan.names or canonical not in plan.names:
@@ -545,6 +765,9 @@ def torch_alias_map(
 
 
 def model_config(model: Any) -> Mapping[str, Any] | None:
-    """The ``config.json`` of a transformers model (``like=``), if it is one."""
+    """The ``config.json`` of a transformers model (``like=``), or a source's own
+    (a Hugging Face directory's), if it has one."""
+    if isinstance(model, TensorSource):
+        return model.config
     to_dict = getattr(getattr(model, "config", None), "to_dict", None)
     return to_dict() if callable(to_dict) else None

@@ -16,6 +16,11 @@ against them, read at test time:
   the names ``save_pretrained`` writes; under a linen ``params`` collection they do
   so with no ``--layout`` (the model class finds the layout), bit for bit, while
   jaxshare's own layout under ``params`` converts back as before;
+- so does every other route that names a Flax tree in PyTorch (``check --config``,
+  ``convert --names torch``, ``verify``, ``bridge.to_torch(tree, like=model)``,
+  ``bridge.save_hf`` of a tree in memory), through the one detection
+  (``flax_layout``): the same names, dtypes (bf16 included), bits and ties as the
+  params as they are, and a law over any part of a model's params (hypothesis);
 - directory -> item -> directory is bit exact;
 - what a family's Flax port does otherwise (:data:`QUIRKS`) comes out as its one
   warning (a Llama head trained apart from a tied embedding is kept, the config
@@ -31,22 +36,28 @@ import contextlib
 import functools
 import io
 import json
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import torch
-from hypothesis import given
+from flax.traverse_util import flatten_dict
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 from safetensors.torch import load_file as load_tensors
 from torch import nn
 
 import bridge
+from bridge.naming.torch_naming import flax_layout
 from jaxshare import checkpoint
 from jaxshare.cli import main
 from jaxshare.internal import nest
@@ -390,6 +401,286 @@ def test_jaxshare_s_own_layout_under_params_converts_as_before(hf, name, tmp_pat
     assert set(got) == set(want)
     for key, value in want.items():
         assert torch.equal(got[key], value), key
+
+
+# -- every route that names a Flax tree in PyTorch finds the layout under `params` ------
+
+#: GPT-2 and BERT, and Whisper with a head of its own (``tie_word_embeddings: false``),
+#: which the transformers-flax layout names ``proj_out.weight`` (Flax Whisper's
+#: ``lm_head``) where jaxshare's rules, taking the tree for jaxshare's, name it
+#: ``lm_head.weight``: on that model a route that misses the layout gives other names.
+LINEN_MODELS = ["gpt2", "bert", "whisper_head"]
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _fixture(name: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The Flax params (``'/'`` paths) of model ``name`` and its ``config.json``."""
+    base = name.removesuffix("_head")
+    params = load_file(FIXTURES / base / "params.safetensors")
+    config = json.loads((FIXTURES / base / "config.json").read_text())
+    if name == "whisper_head":  # A head trained apart from the embedding.
+        embedding = params["model/decoder/embed_tokens/embedding"]
+        head = np.random.default_rng(0).standard_normal(embedding.T.shape)
+        params["lm_head/kernel"] = head.astype(embedding.dtype)
+        config["tie_word_embeddings"] = False
+    return params, config
+
+
+def _tree(name: str, dtype: str, container: str) -> dict[str, np.ndarray]:
+    """The params of ``name`` in ``dtype``, as they are (``plain``) or under a linen
+    ``params`` collection (``linen``)."""
+    params = {p: v.astype(DTYPES[dtype]) for p, v in _fixture(name)[0].items()}
+    return _linen(params) if container == "linen" else params
+
+
+def _item(params: dict[str, np.ndarray], path: Path, config: dict | None = None) -> Path:
+    """``params`` as an Orbax item with no naming record, ``config`` kept with it."""
+    assets = None if config is None else {"config.json": json.dumps(config).encode()}
+    checkpoint.save(path, nest(params), assets=assets)
+    assert checkpoint.read_alias_map(path).naming is None
+    return path
+
+
+@functools.cache
+def _torch_model(name: str) -> nn.Module:
+    """The transformers 5 model of ``name``'s config (seed 0)."""
+    config = _fixture(name)[1]
+    torch.manual_seed(0)
+    model_class = getattr(transformers, MANIFEST[name.removesuffix("_head")]["torch_class"])
+    return model_class(transformers.AutoConfig.for_model(**config)).eval()
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """The same names, dtypes, shapes and bits, and the same ties (one tensor object)."""
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        bits = got[key].contiguous().view(torch.uint8)
+        assert torch.equal(bits, value.contiguous().view(torch.uint8)), key
+    assert _ties(got) == _ties(want)
+
+
+def _ties(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """``{alias: canonical}`` of the names that are one tensor object."""
+    first: dict[int, str] = {}
+    return {k: first[id(v)] for k, v in state.items() if first.setdefault(id(v), k) != k}
+
+
+def _detected(name: str, state: dict[str, torch.Tensor]) -> None:
+    """The names say the transformers-flax layout named the tree."""
+    if name == "whisper_head":
+        assert "proj_out.weight" in state and "lm_head.weight" not in state
+    if name == "gpt2":  # FlaxConv1D's kernel (out, in) is the Conv1D weight (in, out).
+        assert state["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)
+
+
+@pytest.mark.parametrize("config_from", ["--config", "item"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", LINEN_MODELS)
+def test_a_linen_tree_converts_to_pytorch_names_as_the_flax_params_do(
+    name, dtype, config_from, tmp_path
+):
+    """``jaxshare convert ITEM OUT --names torch``, with ``--config`` or the config the
+    item keeps: the tree under a linen ``params`` collection is found in the
+    transformers-flax layout, the same names and bits as the Flax params as they are."""
+    config = _fixture(name)[1]
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config))
+    given = ("--config", config_file) if config_from == "--config" else ()
+    out = {}
+    for container in ("plain", "linen"):
+        kept = config if config_from == "item" else None
+        item = _item(_tree(name, dtype, container), tmp_path / container, kept)
+        dst = tmp_path / f"{container}.safetensors"
+        status, err = convert(item, dst, "--names", "torch", *given)
+        assert (status, err) == (0, [])
+        out[container] = bridge.load_safetensors(dst)
+    _assert_same(out["linen"], out["plain"])
+    _detected(name, out["linen"])
+    assert {str(t.dtype) for t in out["linen"].values()} == {f"torch.{dtype}"}
+
+
+def test_config_for_an_input_in_pytorch_names_is_one_line(hf, tmp_path, capsys):
+    """``--config`` names a Flax input's tensors; an input in PyTorch names is refused."""
+    config = FIXTURES / "gpt2" / "config.json"
+    out = tmp_path / "out.safetensors"
+    assert main(["convert", str(hf("gpt2").directory), str(out), "--names", "torch",
+                 "--config", str(config)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--config names a Flax input's tensors" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name, builds", [("gpt2", False), ("bert", False), ("whisper_head", True)])
+def test_the_model_class_is_built_only_where_the_layouts_name_a_tree_otherwise(
+    name, builds, tmp_path
+):
+    """``convert --names torch`` of a tree under ``params/``: where jaxshare's rules and
+    the transformers-flax layout give every leaf the same PyTorch name and axis order
+    (GPT-2, BERT), the layout changes nothing and transformers is not imported; where
+    they differ (Whisper's head), the config's model class is built to tell."""
+    item = _item(_tree(name, "float32", "linen"), tmp_path / "item", _fixture(name)[1])
+    code = (
+        "import sys\nfrom jaxshare.cli import main\n"
+        "status = main(['convert', '--quiet', sys.argv[1], sys.argv[2], '--names', 'torch'])\n"
+        "print('transformers imported:', 'transformers' in sys.modules)\nsys.exit(status)\n"
+    )
+    out = tmp_path / "out.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(item), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"transformers imported: {builds}"
+    _detected(name, bridge.load_safetensors(out))
+
+
+@pytest.mark.parametrize("name", LINEN_MODELS)
+def test_check_holds_a_linen_tree_as_the_flax_params(name, tmp_path, capsys):
+    """``jaxshare check ITEM --config``: the tree under a linen ``params`` collection is
+    checked in the names of the Flax params as they are, with the same ties."""
+    config = _fixture(name)[1]
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(config))
+    reports = {}
+    for container in ("plain", "linen"):
+        item = _item(_tree(name, "float32", container), tmp_path / container)
+        status = main(["check", "--json", str(item), "--config", str(config_file)])
+        report = json.loads(capsys.readouterr().out)
+        assert status == (0 if report["ok"] else 1)
+        reports[container] = {k: v for k, v in report.items() if k != "source"}
+    assert reports["linen"] == reports["plain"]
+    assert reports["linen"]["ok"], reports["linen"]["findings"]
+    ties = {t["alias"]: t["canonical"] for t in reports["linen"]["ties"]}
+    want = {"gpt2": {"lm_head.weight": "transformer.wte.weight"},
+            "bert": {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                     "cls.predictions.decoder.bias": "cls.predictions.bias"},
+            "whisper_head": {}}  # fmt: skip
+    assert ties == want[name]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", LINEN_MODELS)
+def test_to_torch_names_a_linen_tree_after_the_model_as_the_flax_params(name, dtype):
+    """``bridge.to_torch(tree, like=model)``: the layout is found by the model's
+    config (a linen tree: and by its tensors), every tie the model makes one tensor."""
+    model = _torch_model(name)
+    plain = bridge.to_torch(nest(_tree(name, dtype, "plain")), like=model)
+    linen = bridge.to_torch(nest(_tree(name, dtype, "linen")), like=model)
+    _assert_same(linen, plain)
+    _detected(name, linen)
+    assert list(linen) == list(model.state_dict())
+    for alias, canonical in bridge.shared_params(model).items():
+        assert linen[alias] is linen[canonical], alias
+    want = {"gpt2": {"lm_head.weight"}, "bert": {"cls.predictions.decoder.weight",
+            "cls.predictions.decoder.bias"}, "whisper_head": set()}  # fmt: skip
+    assert set(_ties(linen)) == want[name]
+
+
+@pytest.mark.parametrize("name", LINEN_MODELS)
+def test_verify_finds_a_linen_tree_equal_to_its_directory(name, tmp_path):
+    """``jaxshare verify ITEM DIR``, either way round: the tree under a linen ``params``
+    collection is named as the Flax params are, every tensor of the directory equal."""
+    params, config = _fixture(name)
+    directory = tmp_path / "hf"
+    bridge.save_hf(directory, nest(params), config=config)
+    compared = {}
+    for container in ("plain", "linen"):
+        item = _item(_tree(name, "float32", container), tmp_path / container)
+        there, back = bridge.verify(item, directory), bridge.verify(directory, item)
+        assert there.ok and back.ok, (there.lines(), back.lines())
+        assert there.naming == back.naming == "torch"
+        compared[container] = (there.compared, back.compared)
+    assert compared["linen"] == compared["plain"]
+
+
+@pytest.mark.parametrize("name", LINEN_MODELS)
+def test_save_hf_of_a_linen_tree_in_memory_is_the_flax_params_directory(name, tmp_path):
+    """``bridge.save_hf(DIR, tree)`` of a tree in memory under a linen ``params``
+    collection writes the directory the Flax params as they are write."""
+    config = _fixture(name)[1]
+    written = {}
+    for container in ("plain", "linen"):
+        out = tmp_path / container
+        with recorded() as messages:
+            bridge.save_hf(out, nest(_tree(name, "float32", container)), config=config)
+        written[container] = (tensors(out), (out / "config.json").read_bytes(), messages)
+    (linen, linen_config, linen_said), (plain, plain_config, plain_said) = written.values()
+    _assert_same(linen, plain)
+    _detected(name, linen)
+    assert linen_config == plain_config and linen_said == plain_said
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    name=st.sampled_from(["gpt2", "bert"]),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    keep=st.lists(st.booleans(), min_size=42, max_size=42),
+)
+def test_the_linen_wrapper_never_changes_the_pytorch_names(name, dtype, keep):
+    """The law: for any part of a Flax model's params, wrapping it in a linen ``params``
+    collection leaves every PyTorch name, axis order and dtype as they were."""
+    from jaxshare.checkpoint import TreeSource
+
+    config = _fixture(name)[1]
+    plain = _tree(name, dtype, "plain")
+    kept = [p for k, p in zip(keep, plain, strict=False) if k] or list(plain)[:1]
+    part = {p: plain[p] for p in kept}
+
+    def named(tree: dict) -> list[tuple]:
+        plan = bridge.torch_plan(TreeSource(nest(tree)), config=config)
+        return [(e.name, e.source.removeprefix("params/"), e.perm, e.info) for e in plan.entries]
+
+    assert named(_linen(part)) == named(part)
+
+
+def test_a_linen_tree_that_fits_no_layout_is_one_line_naming_the_leaf(tmp_path):
+    """A tree under ``params/`` that fits neither layout (a GPT-2 kernel transposed)
+    is one line naming the leaf as the transformers-flax layout names it, no output."""
+    params = load_file(FIXTURES / "gpt2" / "params.safetensors")
+    params[KERNEL] = params[KERNEL].T.copy()
+    item, out = save_plain(_linen(params), tmp_path / "item"), tmp_path / "out"
+    config = FIXTURES / "gpt2" / "config.json"
+    status, err = convert(item, out, "--format", "hf", "--config", config)
+    assert status == 1
+    (line,) = err
+    assert line.startswith(f"jaxshare convert: error: {out}: the Flax leaf 'params/{KERNEL}'")
+    assert "fits no layout" in line and "holds it as (16, 48)" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("top", ["params", "params+batch_stats"])
+def test_the_one_detection_tells_a_linen_tree_from_jaxshare_s_own(hf, top):
+    """:func:`bridge.naming.torch_naming.flax_layout`, of a tree, a source and a
+    ``Tied``: the Flax params under ``params/`` are transformers-flax; jaxshare's own
+    GPT-2 tree (its ``Conv1D`` kernels ``(in, out)``), and a tree with another
+    collection beside ``params``, are jaxshare's (``None``)."""
+    from jaxshare import tie
+    from jaxshare.checkpoint import TreeSource
+
+    config = json.loads((FIXTURES / "gpt2" / "config.json").read_text())
+    flax = _linen(load_file(FIXTURES / "gpt2" / "params.safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        variables, _ = bridge.to_flax(hf("gpt2").directory)  # jaxshare's layout
+    own = {"/".join(path): leaf for path, leaf in flatten_dict(variables).items()}
+    assert any(own[path].shape != leaf.shape for path, leaf in flax.items())  # Conv1D's
+    if top == "params+batch_stats":
+        flax = {**flax, "batch_stats/bn/mean": np.zeros(4, np.float32)}
+    for tree, want in [(flax, "transformers-flax" if top == "params" else None), (own, None)]:
+        nested = nest(tree)
+        tied = tie(nested)
+        for found in (
+            flax_layout(nested, config=config),
+            flax_layout(TreeSource(nested), config=config),
+            flax_layout(tied.unique, tied.alias_map, config=config),
+        ):
+            assert (found and found.name) == want
+        assert flax_layout(nested, layout="jaxshare", config=config).name == "jaxshare"
 
 
 def _fits(answer: bool | None) -> Callable[[bridge.Layout], bool] | None:

@@ -35,7 +35,7 @@ def test_console_script_entry_point():
             "--names chooses the naming of a .safetensors output only",
         ),
         (
-            ["convert", "{tmp}", "{tmp}/out.pt", "--config", "c.json"],
+            ["convert", "{tmp}", "{tmp}/out.safetensors", "--config", "c.json"],
             "--config and --max-shard-size are for",
         ),
     ],
