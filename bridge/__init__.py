@@ -16,10 +16,19 @@ import typing as _typing
 from jaxshare.internal import exports as _exports
 
 if _typing.TYPE_CHECKING:
+    from bridge.adapters.peft import Adapter as Adapter
+    from bridge.adapters.peft import LoraConfig as LoraConfig
+    from bridge.adapters.peft import read_adapter as read_adapter
+    from bridge.adapters.peft import save_adapter as save_adapter
+    from bridge.adapters.flax_lora import adapter_from_flax as adapter_from_flax
+    from bridge.adapters.flax_lora import adapter_to_flax as adapter_to_flax
+    from bridge.adapters.flax_lora import qwix_rules as qwix_rules
+    from bridge.adapters.flax_lora import read_tunix_lora as read_tunix_lora
     from bridge.commands.check import CheckReport as CheckReport
     from bridge.commands.check import Finding as Finding
     from bridge.commands.check import check as check
     from bridge.commands.convert import convert as convert
+    from bridge.commands.merge import merge_lora as merge_lora
     from bridge.torch.deepspeed import DeepSpeedCheckpoint as DeepSpeedCheckpoint
     from bridge.torch.deepspeed import load_deepspeed as load_deepspeed
     from bridge.naming.flax_placement import FlaxPlacement as FlaxPlacement
@@ -60,8 +69,16 @@ __getattr__, __dir__, __all__ = _exports(
     __name__,
     {
         # Torch-free: files, plans, naming.
+        "bridge.adapters.peft": ["Adapter", "LoraConfig", "read_adapter", "save_adapter"],
+        "bridge.adapters.flax_lora": [
+            "adapter_from_flax",
+            "adapter_to_flax",
+            "qwix_rules",
+            "read_tunix_lora",
+        ],
         "bridge.commands.check": ["CheckReport", "Finding", "check"],
         "bridge.commands.convert": ["convert"],
+        "bridge.commands.merge": ["merge_lora"],
         "bridge.naming.flax_placement": ["FlaxPlacement", "flax_plan"],
         "bridge.hf.directory": ["HFDirectory"],
         "bridge.commands.save_hf": ["save_hf"],

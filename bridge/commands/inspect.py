@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bridge.adapters.peft import is_adapter_directory
 from bridge.hf.config import config_dict
 from bridge.hf.experts import describe_experts
 from bridge.layouts.layout import Layout, as_layout
@@ -40,7 +41,8 @@ def inspect(
     notes say, for each tensor, the leaf it goes to (or comes from) and the entry
     that places it: ``placed: model.norm.weight -> final_norm/w (entry 9 ...)``.
     ``config`` (a path or a dict) is the model's ``config.json`` where the input
-    holds none.
+    holds none. A PEFT adapter directory is described as one: its rank, scaling,
+    modules, and the sides of its base's ties it changes (the base's ``config``).
 
     Raises:
       UsageError, FileNotFoundError, ValueError: ``path`` is of no kind jaxshare
@@ -55,6 +57,10 @@ def inspect(
     >>> report.kind, report.bytes_stored, report.bytes_saved, dict(report.alias_map)
     ('safetensors', 32, 32, {'lm_head.weight': 'wte.weight'})
     """
+    if isinstance(path, (str, os.PathLike)) and is_adapter_directory(Path(path)):
+        from bridge.adapters.describe import inspect_adapter  # (A PEFT adapter directory.)
+
+        return inspect_adapter(path, config=config)
     if isinstance(path, (str, os.PathLike)) and reader_of(path).trains(Path(path)):
         training = open_training(path)
         with training.params as params:

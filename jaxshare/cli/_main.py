@@ -1,12 +1,12 @@
-"""The ``jaxshare`` command: ``inspect``, ``convert``, ``verify``, ``check``, ``demo``.
+"""The ``jaxshare`` command: ``inspect``, ``convert``, ``merge``, ``verify``, ``check``, ``demo``.
 
 The top layer, a thin shell over the library: it parses arguments, calls
-:func:`bridge.inspect`, :func:`bridge.convert`, :func:`bridge.verify` or
-:func:`bridge.check`, renders what they return (``_render``) and sets the exit
-status. At start-up only the standard library and the package faces of
-``bridge`` and ``jaxshare`` (whose names load on first use) are imported, so
-``--help`` is instant; the library imports what each input needs (JAX and Orbax
-for checkpoints, torch only for torch tensors).
+:func:`bridge.inspect`, :func:`bridge.convert`, :func:`bridge.merge_lora`,
+:func:`bridge.verify` or :func:`bridge.check`, renders what they return
+(``_render``) and sets the exit status. At start-up only the standard library
+and the package faces of ``bridge`` and ``jaxshare`` (whose names load on first
+use) are imported, so ``--help`` is instant; the library imports what each input
+needs (JAX and Orbax for checkpoints, torch only for torch tensors).
 
 Every failure the user can fix is one line on stderr: exit status 2 for a
 usage error (a ``jaxshare.internal.UsageError``: options that do not fit, an
@@ -88,6 +88,24 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from jaxshare.cli._render import progress_bar
+
+    with progress_bar(not args.quiet) as progress:
+        bridge.merge_lora(
+            args.base,
+            args.adapter,
+            args.out,
+            keep_tie=args.keep_tie,
+            format=args.format,
+            max_shard_size=args.max_shard_size,
+            force=args.force,
+            progress=progress,
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     report = bridge.verify(args.a, args.b, dtype=args.dtype, limit=args.limit)
     return _verdict(args, report, "print_verify")
@@ -143,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         metavar="CONFIG",
-        help="the model's config.json (file or directory) where the input holds none, for --layout",
+        help="the model's config.json (file or directory) where the input holds none, for "
+        "--layout, or an adapter's base (its ties)",
     )
     p.set_defaults(func=_cmd_inspect)
 
@@ -167,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         default=None,
-        help="config.json of a Hugging Face directory output (of a DCP input: its ties)",
+        help="config.json of a Hugging Face directory output (of a DCP input: its ties; of "
+        "a Flax input written in PyTorch names: its model)",
     )
     p.add_argument(
         "--max-shard-size",
@@ -241,6 +261,36 @@ def build_parser() -> argparse.ArgumentParser:
         "DCP folder, DST a CheckpointManager directory (params, opt_state, optimizer items)",
     )
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "merge", help="merge a PEFT LoRA adapter into its base, one tensor at a time"
+    )
+    p.add_argument("base", help="the base model: any input `convert` takes, in PyTorch names")
+    p.add_argument("adapter", help="a PEFT LoRA adapter directory (adapter_config.json)")
+    p.add_argument(
+        "out",
+        help="output: a Hugging Face directory (where the base has a config.json; else an "
+        "Orbax item), .safetensors, or .pt/.bin/.pth",
+    )
+    p.add_argument(
+        "--keep-tie",
+        action="store_true",
+        help="refuse, rather than untie, a tie whose two sides the merge makes differ",
+    )
+    p.add_argument(
+        "--format",
+        choices=bridge.FORMATS,
+        default=None,
+        help="the output format, if OUT leaves it open",
+    )
+    p.add_argument(
+        "--max-shard-size", default=None, help="largest shard of a Hugging Face directory output"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace OUT if it is an output of the same kind"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser(
         "verify",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -33,6 +34,8 @@ CASES = [
     ("gemma3", True, False),
     ("gemma3", True, True),
 ]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _name(case: tuple) -> str:
@@ -97,7 +100,16 @@ def test_tunix_imports_without_its_package_init_and_leaves_flax_as_it_was(tm):
     assert flax.config.flax_always_shard_variable == before
     assert t.gemma3.params.__name__ == "tunix.models.gemma3.params_safetensors"
     assert not hasattr(sys.modules["tunix"], "__file__")  # the bare package
-    assert not [name for name in sys.modules if name.startswith(("tunix.sft", "tunix.rl"))]
+    # Its trainers are not imported by it (in a process of its own: a test of Tunix's
+    # CheckpointManager, tests/bridge/test_adapters_jax.py, imports tunix.sft itself).
+    code = (
+        "import runpy, sys\n"
+        "tm = runpy.run_path('tests/_support/tunix_models.py')\n"
+        "tm['tunix']()\n"
+        "print([n for n in sys.modules if n.startswith(('tunix.sft', 'tunix.rl'))])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("case", ["qwen3 tied", "qwen3 untied", "llama3 tied", "llama3 untied"])

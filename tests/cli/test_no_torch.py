@@ -89,6 +89,8 @@ TORCH_FREE = sorted(
     | {"VerifyFinding", "VerifyReport", "verify"}
     | {"CheckReport", "Finding", "check"}
     | {"optax_for", "to_optax"}
+    | {"Adapter", "LoraConfig", "merge_lora", "read_adapter", "save_adapter"}
+    | {"adapter_from_flax", "adapter_to_flax", "qwix_rules", "read_tunix_lora"}
 )
 
 
