@@ -91,6 +91,7 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
     )
 
 
+@pytest.mark.subprocess
 def test_tunix_imports_without_its_package_init_and_leaves_flax_as_it_was(tm):
     import flax
 
