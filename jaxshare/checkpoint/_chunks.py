@@ -647,8 +647,8 @@ class DirectArray:
     ) -> np.ndarray | None:
         """The bytes of ``where[at]`` as one ``uint8`` run, where the chunk's own
         bytes (from its start) are exactly those: no transpose or cast, the chunk
-        whole but for rows past the array's end, and rows of the output's full
-        width; ``None`` otherwise."""
+        whole but for rows past the array's end, and its place in the output one
+        run of it; ``None`` otherwise."""
         chunking = self.chunking
         if perm is not None or out.dtype != chunking.dtype or not out.flags.c_contiguous:
             return None
@@ -656,13 +656,9 @@ class DirectArray:
             return out.reshape(-1).view(np.uint8)
         if any(s.start != 0 for s in inside):
             return None
-        if any(
-            s.stop != c or a.stop - a.start != n
-            for s, c, a, n in zip(
-                inside[1:], chunking.chunks[1:], at[1:], out.shape[1:], strict=True
-            )
-        ):
+        if any(s.stop != c for s, c in zip(inside[1:], chunking.chunks[1:], strict=True)):
             return None
+        # (One run: rows of the output's full width, or a layer's run of experts.)
         region = where[_index(at)]
         if not region.flags.c_contiguous:
             return None

@@ -75,6 +75,17 @@ class LeafReader:
             return direct.read(index, dtype=self._cast(direct))
         return np.asarray(self._open(path)[index].read().result())
 
+    def read_slice_permuted(
+        self, path: str, index: tuple[slice, ...], perm: Perm
+    ) -> np.ndarray | None:
+        """``read_slice(path, index)`` transposed by ``perm`` into one new C-ordered
+        array, each chunk transposed into place as it is decoded, on threads; ``None``
+        where TensorStore reads the array (the caller transposes)."""
+        direct = self.direct(path)
+        if direct is None or any(s.step not in (None, 1) for s in index):
+            return None
+        return direct.read(index, perm=perm, dtype=self._cast(direct))
+
     def chunk_shape(self, path: str) -> tuple[int, ...] | None:
         """The shape of the stored (read) chunks of the array at ``path``."""
         if path in self._item.empty:

@@ -72,6 +72,9 @@ class CheckpointSource(TensorSource):
     def read_slice(self, name: str, index: Index) -> np.ndarray:
         return self._reader.read_slice(name, index)
 
+    def permuted_slice(self, name: str, index: Index, perm: Any) -> np.ndarray | None:
+        return self._reader.read_slice_permuted(name, index, perm)
+
     def chunk_shape(self, name: str) -> tuple[int, ...] | None:
         return self._reader.chunk_shape(name)
 

@@ -28,6 +28,7 @@ import functools
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -414,6 +415,11 @@ class UnstackedSource(SourceView):
                 self._of[layer_name(stack, k, placeholder)] = (stack, k)
         self.infos = infos
         self._whole: tuple[str, _Held] | None = None  # The stack read whole, if any.
+        # The stack after it, read whole on a thread of its own meanwhile.
+        self._ahead: tuple[str, Future[np.ndarray]] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        stacks = [t for t in source.infos if of(t) is not None]
+        self._after = dict(zip(stacks, stacks[1:], strict=False))
         self._lock = threading.Lock()
         aliases: dict[str, str] = {}
         transforms: dict[str, Perm | None] = {}
@@ -449,19 +455,48 @@ class UnstackedSource(SourceView):
         if (chunks is None or chunks[0] <= 1) and self.placeholder == LAYER:
             return self._source.read_slice(template, layer)[0]
         # Read whole once, as stored: a planned stack's layers are transposed one by one.
-        base, entry = (
-            self._source.origin(template)
-            if isinstance(self._source, PlannedSource)
-            else (self._source, PlanEntry(template, template, None, self._source.infos[template]))
-        )
+        entry = self._origin(template)[1]
         with self._lock:
             if self._whole is None or self._whole[0] != template:
                 self._whole = None  # (Freed before the next is read.)
-                self._whole = (template, _Held(entry.source, base.array(entry.source)))
+                self._whole = (template, _Held(entry.source, self._read_whole(template)))
             held = self._whole[1]
             if k == self._source.infos[template].shape[0] - 1:
                 self._whole = None  # Its last layer: not held while the next tensors are read.
         return Plan((entry,), AliasMap()).read_slice(held, entry, layer)[0]
+
+    def _read_whole(self, template: str) -> np.ndarray:
+        """The stack ``template`` read whole as stored (taken from the thread that read
+        it ahead, where it did), and the stack after it begun on that thread: a
+        layer's experts are read (decoded from an item's chunks, transposed) while
+        the layer before is handed out. At most two stacks are held so."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == template:
+            whole = ahead[1].result()
+        else:
+            if ahead is not None:
+                ahead[1].cancel()
+            base, entry = self._origin(template)
+            whole = base.array(entry.source)
+        after = self._after.get(template)
+        if after is not None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxshare-stack-ahead")
+            base, entry = self._origin(after)
+            self._ahead = (after, self._pool.submit(base.array, entry.source))
+        return whole
+
+    def _origin(self, template: str) -> tuple[TensorSource, PlanEntry]:
+        """Where the stack ``template`` is stored, and how the plan below reads it."""
+        if isinstance(self._source, PlannedSource):
+            return self._source.origin(template)
+        return self._source, PlanEntry(template, template, None, self._source.infos[template])
+
+    def close(self) -> None:
+        if self._pool is not None:  # (A stack being read ahead: done before the source.)
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead = None
+        super().close()
 
     def blocks(self, name: str) -> Iterable[np.ndarray]:
         if name not in self._of:

@@ -60,3 +60,46 @@ def test_a_stack_of_stacks_transposes_each_member_into_place(
         assert made is not None and made.dtype == want.dtype and made.flags.c_contiguous
         np.testing.assert_array_equal(made, want)
     assert stacked.permuted_slice(name, (), (1, 0, 2, 3)) is None
+
+
+def test_an_items_stacked_slice_transposed_as_decoded_equals_read_then_transposed(
+    tmp_path, monkeypatch
+) -> None:
+    """An item's stack of experts (chunks narrower than a layer's experts): a layer's
+    slice, decoded in place and transposed chunk by chunk as it is decoded, equals the
+    slice read and then transposed, bit for bit; and the layers of the stack read back
+    as per-expert tensors are the file's."""
+    from safetensors.numpy import save_file
+
+    import bridge
+    from jaxshare.checkpoint._source import CheckpointSource
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        f"m.layers.{i}.experts.{e}.w": rng.standard_normal((24, 40)).astype(ml_dtypes.bfloat16)
+        for i in range(3)
+        for e in range(5)
+    }
+    save_file(tensors, tmp_path / "m.safetensors")
+    import jaxshare.checkpoint._stream as stream
+
+    monkeypatch.setattr(stream, "CHUNK_BYTES", 2 * 24 * 40 * 2)  # Two experts a chunk.
+    stacks = ["m.layers", "m.layers.{i}.experts"]
+    bridge.convert(tmp_path / "m.safetensors", tmp_path / "item", stack=stacks)
+    with bridge.open_source(tmp_path / "item") as source:
+        base = source
+        while not isinstance(base, CheckpointSource):
+            base = base._source
+        (name,) = base.infos
+        assert base.infos[name].shape == (3, 5, 24, 40)
+        assert base.chunk_shape(name) == (1, 2, 24, 40)  # (The last one past the end.)
+        for index in [(slice(1, 2),), (slice(0, 3), slice(1, 4))]:
+            made = base.permuted_slice(name, index, (0, 1, 3, 2))
+            want = contiguous_transpose(base.read_slice(name, index), (0, 1, 3, 2))
+            assert made is not None and made.tobytes() == want.tobytes()
+    bridge.convert(tmp_path / "item", tmp_path / "back.safetensors", names="torch")
+    from safetensors.numpy import load_file
+
+    back = load_file(tmp_path / "back.safetensors")
+    assert sorted(back) == sorted(tensors)
+    assert all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
