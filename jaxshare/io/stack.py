@@ -55,6 +55,10 @@ from jaxshare.io.transpose import PARALLEL_BYTES, contiguous_transpose
 
 __all__ = ["StackedSource", "UnstackedSource", "layer_prefixes", "per_layer", "unstacked"]
 
+#: Stacks an :class:`UnstackedSource` reads whole ahead of the one it hands out (a layer's
+#: experts), each on a thread of its own.
+STACKS_AHEAD = 2
+
 
 def per_layer(
     names: Iterable[str], layers: Callable[[str], int]
@@ -415,8 +419,8 @@ class UnstackedSource(SourceView):
                 self._of[layer_name(stack, k, placeholder)] = (stack, k)
         self.infos = infos
         self._whole: tuple[str, _Held] | None = None  # The stack read whole, if any.
-        # The stack after it, read whole on a thread of its own meanwhile.
-        self._ahead: tuple[str, Future[np.ndarray]] | None = None
+        # The stacks after it, read whole on threads of their own meanwhile.
+        self._ahead: dict[str, Future[np.ndarray]] = {}
         self._pool: ThreadPoolExecutor | None = None
         stacks = [t for t in source.infos if of(t) is not None]
         self._after = dict(zip(stacks, stacks[1:], strict=False))
@@ -467,23 +471,30 @@ class UnstackedSource(SourceView):
 
     def _read_whole(self, template: str) -> np.ndarray:
         """The stack ``template`` read whole as stored (taken from the thread that read
-        it ahead, where it did), and the stack after it begun on that thread: a
-        layer's experts are read (decoded from an item's chunks, transposed) while
-        the layer before is handed out. At most two stacks are held so."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == template:
-            whole = ahead[1].result()
+        it ahead, where one did), and the :data:`STACKS_AHEAD` stacks after it begun on
+        threads of their own: a layer's experts are read (decoded from an item's
+        chunks, transposed) while the layer before is handed out."""
+        ahead = self._ahead.pop(template, None)
+        if ahead is not None:
+            whole = ahead.result()
         else:
-            if ahead is not None:
-                ahead[1].cancel()
             base, entry = self._origin(template)
             whole = base.array(entry.source)
+        upcoming: list[str] = []
         after = self._after.get(template)
-        if after is not None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxshare-stack-ahead")
-            base, entry = self._origin(after)
-            self._ahead = (after, self._pool.submit(base.array, entry.source))
+        while after is not None and len(upcoming) < STACKS_AHEAD:
+            upcoming.append(after)
+            after = self._after.get(after)
+        for other in [t for t in self._ahead if t not in upcoming]:  # (Out of turn.)
+            self._ahead.pop(other).cancel()
+        for after in upcoming:
+            if after not in self._ahead:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        STACKS_AHEAD, thread_name_prefix="jaxshare-stack-ahead"
+                    )
+                base, entry = self._origin(after)
+                self._ahead[after] = self._pool.submit(base.array, entry.source)
         return whole
 
     def _origin(self, template: str) -> tuple[TensorSource, PlanEntry]:
@@ -495,7 +506,7 @@ class UnstackedSource(SourceView):
     def close(self) -> None:
         if self._pool is not None:  # (A stack being read ahead: done before the source.)
             self._pool.shutdown(wait=True, cancel_futures=True)
-        self._ahead = None
+        self._ahead.clear()
         super().close()
 
     def blocks(self, name: str) -> Iterable[np.ndarray]:

@@ -103,3 +103,25 @@ def test_an_items_stacked_slice_transposed_as_decoded_equals_read_then_transpose
     back = load_file(tmp_path / "back.safetensors")
     assert sorted(back) == sorted(tensors)
     assert all(back[n].tobytes() == tensors[n].tobytes() for n in tensors)
+
+
+@settings(max_examples=25, deadline=None)
+@given(stacks=st.integers(1, 4), experts=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_stacks_read_ahead_give_each_expert_in_any_order(stacks, experts, seed) -> None:
+    """Each stack read whole once in turn (the next ones read ahead on threads): every
+    expert of every stack, asked for in turn or out of it, is its slice, bit for bit."""
+    from jaxshare.io.stack import UnstackedSource
+
+    rng = np.random.default_rng(seed)
+    arrays = {
+        f"m.{s}.experts.{EXPERT}.w": rng.standard_normal((experts, 3, 2)).astype(np.float32)
+        for s in range(stacks)
+    }
+    names = [f"m.{s}.experts.{e}.w" for s in range(stacks) for e in range(experts)]
+    for order in (names, list(rng.permutation(names))):
+        with UnstackedSource(Arrays(arrays), EXPERT) as source:
+            assert sorted(source.infos) == sorted(names)
+            for name in order:
+                s, e = int(name.split(".")[1]), int(name.split(".")[3])
+                got = source.array(name)
+                assert got.tobytes() == arrays[f"m.{s}.experts.{EXPERT}.w"][e].tobytes()
