@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from bridge.adapters.lora import Change, changes
-from bridge.adapters.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, Adapter, read_adapter
+from bridge.adapters.peft import Adapter, read_adapter
 from bridge.hf.config import config_dict, config_ties
 from bridge.layouts.rules import as_rules
 from bridge.sources.registry import find_reader, opened
-from jaxshare.formats import SafetensorsFile
+from jaxshare.formats import ADAPTER_CONFIG, ADAPTER_WEIGHTS, SafetensorsFile
 from jaxshare.internal import SourceView
 from jaxshare.stream import TieReport
 

@@ -37,25 +37,25 @@ from typing import Any
 
 import numpy as np
 
-from jaxshare.formats import SafetensorsFile, TensorSpec, write_safetensors
+from jaxshare.formats import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    SafetensorsFile,
+    TensorSpec,
+    is_adapter_directory,
+    write_safetensors,
+)
 from jaxshare.internal import OutputKind, atomic_output, numpy_dtype
 
 __all__ = [
-    "ADAPTER_CONFIG",
-    "ADAPTER_WEIGHTS",
     "PEFT_PREFIX",
     "Adapter",
     "LoraConfig",
     "LoraPair",
-    "is_adapter_directory",
     "read_adapter",
     "save_adapter",
 ]
 
-#: The adapter's config, as PEFT names it.
-ADAPTER_CONFIG = "adapter_config.json"
-#: The adapter's tensors, as PEFT names them.
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: The prefix PEFT puts before the base model's names (``PeftModel.base_model.model``).
 PEFT_PREFIX = "base_model.model."
 
@@ -412,15 +412,6 @@ class Adapter:
         pairs, saved = self._names
         out = {e[w]: m for m, e in pairs.items() for w in ("A", "B")}
         return {**out, **{key: name for name, key in saved.items()}}
-
-
-def is_adapter_directory(path: Path) -> bool:
-    """Whether ``path`` is a PEFT adapter directory, from its file names alone.
-
-    >>> is_adapter_directory(Path("/nonexistent"))
-    False
-    """
-    return path.is_dir() and (path / ADAPTER_CONFIG).is_file()
 
 
 def read_adapter(path: str | os.PathLike) -> Adapter:

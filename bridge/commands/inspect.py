@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridge.adapters.peft import is_adapter_directory
 from bridge.hf.config import config_dict
 from bridge.hf.experts import describe_experts
 from bridge.layouts.layout import Layout, as_layout
 from bridge.sources.registry import open_training, opened, reader_of
+from jaxshare import formats
 from jaxshare.stream import TensorSource, TieReport
 
 __all__ = ["inspect"]
@@ -57,7 +57,7 @@ def inspect(
     >>> report.kind, report.bytes_stored, report.bytes_saved, dict(report.alias_map)
     ('safetensors', 32, 32, {'lm_head.weight': 'wte.weight'})
     """
-    if isinstance(path, (str, os.PathLike)) and is_adapter_directory(Path(path)):
+    if isinstance(path, (str, os.PathLike)) and formats.is_adapter_directory(Path(path)):
         from bridge.adapters.describe import inspect_adapter  # (A PEFT adapter directory.)
 
         return inspect_adapter(path, config=config)

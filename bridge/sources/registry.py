@@ -196,4 +196,9 @@ def open_training(source: Any, rules: Rules | None = None) -> TrainingState:
 
 def _found(path: Path) -> str:
     """What ``path`` is, for an error that says what was expected instead."""
+    if formats.is_adapter_directory(path):
+        return (
+            "a PEFT adapter directory, not a model: merge it into its base with `jaxshare "
+            "merge BASE ADAPTER OUT`, or read it with bridge.read_adapter / adapter_to_flax"
+        )
     return "a directory" if path.is_dir() else f"a {path.suffix or 'suffix-less'} file"

@@ -31,6 +31,8 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.deepspeed.training import (
         read_deepspeed_training as read_deepspeed_training,
     )
+    from jaxshare.formats.hf.files import ADAPTER_CONFIG as ADAPTER_CONFIG
+    from jaxshare.formats.hf.files import ADAPTER_WEIGHTS as ADAPTER_WEIGHTS
     from jaxshare.formats.hf.files import BIN_INDEX as BIN_INDEX
     from jaxshare.formats.hf.files import BIN_WEIGHTS as BIN_WEIGHTS
     from jaxshare.formats.hf.files import CONFIG_FILE as CONFIG_FILE
@@ -91,6 +93,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.formats.reader import Reader as Reader
     from jaxshare.formats.reader import later as later
     from jaxshare.formats.optim import TrainingState as TrainingState
+    from jaxshare.formats.hf.files import is_adapter_directory as is_adapter_directory
     from jaxshare.formats.hf.files import is_hf_input as is_hf_input
     from jaxshare.formats.safetensors import save_model_ties as save_model_ties
 
@@ -112,6 +115,8 @@ __getattr__, __dir__, __all__ = _exports(
             "read_deepspeed_training",
         ],
         "jaxshare.formats.hf.files": [
+            "ADAPTER_CONFIG",
+            "ADAPTER_WEIGHTS",
             "BIN_INDEX",
             "BIN_WEIGHTS",
             "CONFIG_FILE",
@@ -131,6 +136,7 @@ __getattr__, __dir__, __all__ = _exports(
             "read_index",
             "shard_name",
             "is_hf_input",
+            "is_adapter_directory",
         ],
         "jaxshare.formats.item_files": [
             "ALIAS_MAP_FILE",

@@ -103,3 +103,23 @@ def test_untied_base_rslora_patterns(tmp_path: Path) -> None:
 def test_the_weights_file_alone_is_still_a_safetensors_file(tmp_path: Path) -> None:
     path = adapter_of(tmp_path, False, target_modules=["q_proj"])
     assert bridge.inspect(path / "adapter_model.safetensors").kind == "safetensors"
+
+
+@pytest.mark.parametrize("command", ["convert", "check", "verify"])
+def test_an_adapter_where_a_model_is_expected_is_one_line_naming_it(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``convert``, ``check`` and ``verify`` read models: an adapter directory given to
+    them is named as one, with the routes that take it, in one line; nothing written."""
+    from jaxshare.cli import main
+
+    path = adapter_of(tmp_path, False, target_modules=["q_proj"])
+    out = tmp_path / "out.safetensors"
+    args = {"convert": [str(path), str(out)], "check": [str(path)]}
+    args["verify"] = [str(path), str(tmp_path / "base")]
+    capsys.readouterr()  # (Making the adapter printed transformers' progress.)
+    assert main([command, *args[command]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{path}: expected" in err
+    assert "found a PEFT adapter directory, not a model: merge it" in err
+    assert not out.exists()

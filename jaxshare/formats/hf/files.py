@@ -36,6 +36,8 @@ __all__ = [  # In the order they are defined.
     "FLAX_WEIGHTS",
     "FLAX_INDEX",
     "INDEX_SUFFIX",
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "DEFAULT_MAX_SHARD_SIZE",
     "parse_size",
     "shard_name",
@@ -48,6 +50,7 @@ __all__ = [  # In the order they are defined.
     "hf_weights",
     "is_hf_directory",
     "is_hf_input",
+    "is_adapter_directory",
     "shard_of",
     "check_not_a_shard",
     "HF_DIRECTORY",
@@ -61,6 +64,9 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 FLAX_WEIGHTS = "flax_model.msgpack"
 FLAX_INDEX = "flax_model.msgpack.index.json"
 INDEX_SUFFIX = ".index.json"
+#: A PEFT adapter directory's config and tensors, as PEFT names them.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: The weights files of a directory, in the order a PyTorch loader prefers them:
 #: safetensors, then ``.bin``, then Flax msgpack; an index before a single file.
 _WEIGHT_FILES = (SAFE_INDEX, SAFE_WEIGHTS, BIN_INDEX, BIN_WEIGHTS, FLAX_INDEX, FLAX_WEIGHTS)
@@ -347,6 +353,16 @@ def is_hf_directory(path: Path) -> bool:
     if not path.is_dir():
         return False
     return any((path / name).is_file() for name in (CONFIG_FILE, *_WEIGHT_FILES))
+
+
+def is_adapter_directory(path: Path) -> bool:
+    """Whether ``path`` is a PEFT adapter directory, from its file names alone (an
+    ``adapter_config.json``): read by ``bridge.read_adapter``, not as a model.
+
+    >>> is_adapter_directory(Path("/nonexistent"))
+    False
+    """
+    return path.is_dir() and (path / ADAPTER_CONFIG).is_file()
 
 
 def is_hf_input(path: Path) -> bool:
