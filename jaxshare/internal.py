@@ -46,6 +46,7 @@ if _typing.TYPE_CHECKING:
     from jaxshare.core.nnx import is_variable as is_variable
     from jaxshare.core.nnx import variable_value as variable_value
     from jaxshare.core.paths import Path as Path
+    from jaxshare.core.paths import flatten_with_paths as flatten_with_paths
     from jaxshare.core.paths import keypath_to_path as keypath_to_path
     from jaxshare.core.paths import nest as nest
     from jaxshare.core.paths import render as render
@@ -132,6 +133,7 @@ __getattr__, __dir__, __all__ = _exports(
         "jaxshare.core.nnx": ["is_nnx_module", "is_nnx_state", "is_variable", "variable_value"],
         "jaxshare.core.paths": [
             "Path",
+            "flatten_with_paths",
             "keypath_to_path",
             "nest",
             "render",

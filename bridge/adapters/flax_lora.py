@@ -58,7 +58,14 @@ from bridge.layouts.layout import Layout, as_layout
 from bridge.layouts.ops import AXES, Merge, Op, Permute, Split
 from bridge.layouts.table import Bound, Table, fill, placeholders
 from bridge.layouts.view import pick_table
-from jaxshare.internal import is_variable, keypath_to_path, nest, render, split, variable_value
+from jaxshare.internal import (
+    flatten_with_paths,
+    is_variable,
+    nest,
+    render,
+    split,
+    variable_value,
+)
 
 __all__ = [
     "NAMINGS",
@@ -352,21 +359,13 @@ def _naming(naming: str | None, paths: Sequence[str] = ()) -> str:
     return naming
 
 
-def _leaves(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
-    """``(path, leaf)`` of ``tree``, an NNX Variable a leaf."""
-    import jax
-
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)
-    return [(keypath_to_path(kp), leaf) for kp, leaf in flat]
-
-
 def _flat(tree: Any) -> dict[str, Any]:
     """``{rendered path: array}`` of a nested mapping or an NNX state (Variables
     unwrapped, ``.value`` segments of a restored state dropped)."""
     if isinstance(tree, Mapping) and all(isinstance(k, str) and "/" in k for k in tree):
         return dict(tree)
     out: dict[str, Any] = {}
-    for path, leaf in _leaves(tree):
+    for path, leaf in flatten_with_paths(tree, is_leaf=is_variable):
         if path and path[-1] == "value":
             path = path[:-1]
         out[render(path)] = variable_value(leaf)
@@ -500,7 +499,7 @@ def _fill_like(
     import jax
 
     leaves = []
-    for path, leaf in _leaves(like):
+    for path, leaf in flatten_with_paths(like, is_leaf=is_variable):
         if path and path[-1] == "value":
             path = path[:-1]
         key = render(path)

@@ -32,27 +32,10 @@ from jaxshare.formats import SafetensorsFile
 #: output axis, heads on input axes, a plain Linear, the head); Gemma 3's heads first
 #: (``q_einsum`` (heads, hidden, head_dim)), its k and v left out (Tunix stacks them into
 #: one ``kv_einsum``), its head the embedding.
+_EVERY_KIND = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGETS = {
-    "qwen3": [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-        "lm_head",
-    ],
-    "llama3": [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-        "lm_head",
-    ],
+    "qwen3": [*_EVERY_KIND, "lm_head"],
+    "llama3": [*_EVERY_KIND, "lm_head"],
     "gemma3": ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 }
 #: The same modules as Tunix names them, for qwix's rules where no adapter says.
